@@ -1,0 +1,40 @@
+# statelog: `make demo` and `make test` are all a fresh clone needs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit stress bench bench-quick clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/crash_demo.py
+
+test: $(STAMP) lint typecheck unit
+
+lint: $(STAMP)
+	$(PY) -m ruff check statelog compactor tests benchmarks examples
+	$(PY) -m ruff format --check statelog compactor
+
+typecheck: $(STAMP)
+	$(PY) -m mypy --strict statelog compactor
+
+unit: $(STAMP)
+	$(PY) -m pytest -q -n 2 tests
+
+stress: $(STAMP)
+	$(PY) -m pytest -q -m stress tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/run.py --full
+
+bench-quick: $(STAMP)
+	$(PY) benchmarks/run.py --quick
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks

@@ -1,0 +1,61 @@
+"""statelog: a changelog-backed state store for streaming and CDC reconcilers.
+
+Offsets, the low watermark and the in-flight buffer commit together as one
+checksummed record in a write-ahead log; recovery replays the verified
+prefix and never returns a mix of two commits::
+
+    import statelog
+
+    with statelog.open("state/") as store:
+        epoch = store.commit(
+            offsets={"orders-0": 1042},
+            low_watermark_ms=1_700_000_000_000,
+            put={"order:17": {"src": 99.5}},
+            delete=["order:3"],
+        )
+
+See ``docs/architecture.md`` for the design and ``docs/format.md`` for the files.
+"""
+
+from .errors import (
+    CorruptionError,
+    FormatVersionError,
+    InvalidCommitError,
+    InvalidOptionError,
+    NotAStoreError,
+    ReadOnlyStoreError,
+    ResnapshotRequired,
+    StatelogError,
+    StorageError,
+    StoreClosedError,
+    StoreLockedError,
+    StoreNotFoundError,
+)
+from .report import Outcome, RecoveryReport, Rejection
+from .store import Durability, StateStore, open
+from .transaction import Transaction
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CorruptionError",
+    "Durability",
+    "FormatVersionError",
+    "InvalidCommitError",
+    "InvalidOptionError",
+    "NotAStoreError",
+    "Outcome",
+    "ReadOnlyStoreError",
+    "RecoveryReport",
+    "Rejection",
+    "ResnapshotRequired",
+    "StateStore",
+    "StatelogError",
+    "StorageError",
+    "StoreClosedError",
+    "StoreLockedError",
+    "StoreNotFoundError",
+    "Transaction",
+    "__version__",
+    "open",
+]

@@ -1,0 +1,152 @@
+"""Typed errors raised by statelog.
+
+Every error derives from :class:`StatelogError` and carries a one-line
+``hint`` telling the caller what to do next. ``str(error)`` includes the
+hint, so a log line or a traceback is actionable on its own.
+
+Bad input (:class:`InvalidCommitError` and its kin) is always detected before
+anything reaches the disk: a refused commit changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = [
+    "CorruptionError",
+    "FormatVersionError",
+    "InvalidCommitError",
+    "InvalidOptionError",
+    "NotAStoreError",
+    "ReadOnlyStoreError",
+    "ResnapshotRequired",
+    "StatelogError",
+    "StorageError",
+    "StoreClosedError",
+    "StoreLockedError",
+    "StoreNotFoundError",
+]
+
+
+class StatelogError(Exception):
+    """Base class of every error statelog raises."""
+
+    hint: str = "see the statelog documentation"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if hint is not None:
+            self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} (hint: {self.hint})"
+
+
+class CorruptionError(StatelogError):
+    """Stored bytes failed verification: a checksum mismatch, a chain break or a foreign file."""
+
+    hint = (
+        "open without strict=True to recover to the last good commit, "
+        "or run `statelog verify` to see every damaged file"
+    )
+
+    def __init__(self, path: Path, offset: int, reason: str, *, hint: str | None = None) -> None:
+        super().__init__(f"{path} at offset {offset}: {reason}", hint=hint)
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+class ResnapshotRequired(StatelogError):
+    """No verified snapshot and no complete log remain: the state cannot be rebuilt safely."""
+
+    hint = (
+        "restore the store from a backup or rebuild the state from the source "
+        "(a full re-snapshot); statelog refuses to guess"
+    )
+
+    def __init__(
+        self, message: str, tried: Sequence[tuple[Path, str]] = (), *, hint: str | None = None
+    ) -> None:
+        detail = "; ".join(f"{p}: {why}" for p, why in tried)
+        super().__init__(f"{message}: {detail}" if detail else message, hint=hint)
+        self.tried = list(tried)
+
+
+class StoreLockedError(StatelogError):
+    """Another writer holds the store's lock."""
+
+    hint = "stop the other writer first, or open with readonly=True to read without taking the lock"
+
+    def __init__(self, path: Path, pid: int | None, *, hint: str | None = None) -> None:
+        who = f"process {pid}" if pid is not None else "another process"
+        super().__init__(f"store {path} is locked by {who}", hint=hint)
+        self.path = path
+        self.pid = pid
+
+
+class FormatVersionError(StatelogError):
+    """A file was written in a format version this statelog does not read."""
+
+    hint = "upgrade statelog to a version that reads this format; nothing was changed"
+
+    def __init__(self, path: Path, found: int, supported: int, *, hint: str | None = None) -> None:
+        super().__init__(
+            f"{path}: format version {found}, this statelog reads version {supported}",
+            hint=hint,
+        )
+        self.path = path
+        self.found = found
+        self.supported = supported
+
+
+class InvalidCommitError(StatelogError, ValueError):
+    """A commit was refused before anything was written: bad key, value, offset or size."""
+
+    hint = "fix the commit's arguments; nothing was written"
+
+
+class InvalidOptionError(StatelogError, ValueError):
+    """An option passed to ``statelog.open`` is unknown or out of range."""
+
+    hint = "see the options of statelog.open in the README; nothing was changed"
+
+
+class NotAStoreError(StatelogError):
+    """The path exists and holds something that is not a statelog store."""
+
+    hint = "choose an empty or new directory for a new store; nothing was changed"
+
+
+class StoreClosedError(InvalidCommitError):
+    """The store was used after ``close()``."""
+
+    hint = "open the store again with statelog.open()"
+
+
+class ReadOnlyStoreError(InvalidCommitError):
+    """A write was attempted through a store opened with ``readonly=True``."""
+
+    hint = "open the store without readonly=True (one writer per store) to commit"
+
+
+class StoreNotFoundError(StatelogError, FileNotFoundError):
+    """A read-only open named a directory that holds no statelog store."""
+
+    hint = "check the path; a writer creates the store on its first open"
+
+
+class StorageError(StatelogError, OSError):
+    """The operating system refused a write or a sync (ENOSPC, EIO, ...).
+
+    The failed commit is neither visible nor replayed. It is not corruption:
+    nothing was truncated or moved aside because of it.
+    """
+
+    hint = "free disk space or fix the device, then retry the commit"
+
+    def __init__(self, message: str, *, errno: int | None = None, hint: str | None = None) -> None:
+        StatelogError.__init__(self, message, hint=hint)
+        self.errno = errno

@@ -1,0 +1,147 @@
+"""The file layer: every durable step statelog takes goes through here.
+
+Keeping the system calls in one small class serves two ends. The order of
+durable steps (write temp, fsync, rename, fsync directory) is written down
+once, in :meth:`FileLayer.create_durable`. And tests substitute a subclass
+that injects ENOSPC or EIO, or forgets every write that was not synced, to
+simulate a power loss (``tests/faults.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["AppendFile", "FileLayer"]
+
+Buffer = bytes | bytearray | memoryview
+
+
+class AppendFile:
+    """An open segment: append-only writes, data syncs, truncation on rollback."""
+
+    def __init__(self, path: Path, fd: int, size: int) -> None:
+        self.path = path
+        self._fd = fd
+        self.size = size
+        self.closed = False
+
+    def write(self, chunks: Sequence[Buffer]) -> None:
+        """Append every chunk, in order, at the end of the file.
+
+        A short write is continued, so on return every byte is in the page
+        cache. ``size`` only advances when all bytes were written.
+
+        :raises OSError: the write failed; some prefix of the bytes may be in
+            the file past ``size`` (the caller truncates them away).
+        """
+        total = sum(len(c) for c in chunks)
+        written = os.writev(self._fd, chunks)
+        if written != total:
+            # writev may stop early (signals, pipes, full disks that free up):
+            # finish the rest with plain writes rather than fail the commit.
+            rest = memoryview(b"".join(chunks))[written:]
+            while rest:
+                n = os.write(self._fd, rest)
+                rest = rest[n:]
+        self.size += total
+
+    def sync(self) -> None:
+        """Make every written byte durable (fdatasync: data and the file size).
+
+        :raises OSError: the device reported an error; nothing written since
+            the last successful sync may be assumed durable.
+        """
+        os.fdatasync(self._fd)
+
+    def truncate(self, size: int) -> None:
+        """Cut the file back to ``size`` bytes (rollback of a failed append)."""
+        os.ftruncate(self._fd, size)
+        self.size = size
+
+    def dup(self) -> AppendFile:
+        """A second handle on the same file, so another thread can sync it without a lock."""
+        return AppendFile(self.path, os.dup(self._fd), self.size)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self._fd)
+
+
+class FileLayer:
+    """System calls used by the writer and by recovery. Subclassed by fault-injection tests."""
+
+    def open_append(self, path: Path) -> AppendFile:
+        """Open an existing file for appending at its current end."""
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        return AppendFile(path, fd, os.fstat(fd).st_size)
+
+    def create_durable(self, path: Path, data: Buffer) -> None:
+        """Create ``path`` holding ``data`` so that it is never seen half-written.
+
+        Durable steps, in order: write ``<path>.tmp``, fsync it, rename it to
+        ``path``, fsync the directory. A crash at any point leaves either no
+        file at ``path`` or the whole file (plus, at worst, a stray ``.tmp``).
+
+        :raises OSError: any step failed; ``path`` was not created.
+        """
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            self.remove(tmp)
+            raise
+        self.fsync_dir(path.parent)
+
+    def read(self, path: Path) -> bytes:
+        """Read a whole file. An OSError propagates: an I/O error is never corruption."""
+        with open(path, "rb") as fh:
+            return fh.read()
+
+    def truncate(self, path: Path, size: int) -> None:
+        """Cut ``path`` to ``size`` bytes and fsync it."""
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def rename(self, src: Path, dst: Path) -> None:
+        """Rename within one directory; the caller fsyncs the directory."""
+        os.rename(src, dst)
+
+    def remove(self, path: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def fsync_dir(self, path: Path) -> None:
+        """Persist the directory entries of ``path`` (creates, renames, unlinks)."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def makedirs(self, path: Path) -> None:
+        """Create ``path`` and missing parents, fsyncing each parent that gained an entry."""
+        missing: list[Path] = []
+        p = path
+        while not p.exists():
+            missing.append(p)
+            p = p.parent
+        for d in reversed(missing):
+            os.mkdir(d)
+            self.fsync_dir(d.parent)

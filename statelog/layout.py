@@ -1,0 +1,126 @@
+"""The store directory: its fixed names and its identity file.
+
+::
+
+    STORE/
+      IDENTITY            store id and format version (JSON, written once, durably)
+      LOCK                the single writer's flock; holds its pid
+      wal/                log segments: <sequence:016x>-<first_lsn:016x>.wal
+                          evidence kept aside: *.wal.broken (torn tails),
+                          *.wal.corrupt (damage moved aside by recovery)
+      snapshots/          full snapshots: *.snap
+
+Operators and external checks rely on ``wal/``, ``snapshots/`` and the two
+suffixes; ``docs/format.md`` specifies every file.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from .errors import CorruptionError, FormatVersionError, NotAStoreError, StoreNotFoundError
+from .fileio import FileLayer
+from .wal_format import SEGMENT_SUFFIX, VERSION
+
+__all__ = ["IDENTITY", "SNAPSHOT_DIR", "WAL_DIR", "StoreLayout"]
+
+IDENTITY = "IDENTITY"
+WAL_DIR = "wal"
+SNAPSHOT_DIR = "snapshots"
+_KNOWN = {IDENTITY, "LOCK", WAL_DIR, SNAPSHOT_DIR, IDENTITY + ".tmp"}
+_KIND = "statelog-store"
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    """Paths of one store directory."""
+
+    root: Path
+
+    @property
+    def wal(self) -> Path:
+        return self.root / WAL_DIR
+
+    @property
+    def snapshots(self) -> Path:
+        return self.root / SNAPSHOT_DIR
+
+    @property
+    def identity(self) -> Path:
+        return self.root / IDENTITY
+
+    def check_can_host(self) -> None:
+        """Refuse a directory that holds anything but a statelog store, before touching it.
+
+        :raises NotAStoreError: a file, or a directory with foreign entries and no identity.
+        """
+        if self.root.exists() and not self.root.is_dir():
+            raise NotAStoreError(f"{self.root} is not a directory")
+        if self.root.is_dir() and not self.identity.exists():
+            foreign = sorted(p.name for p in self.root.iterdir() if p.name not in _KNOWN)
+            if foreign:
+                raise NotAStoreError(
+                    f"{self.root} is not a statelog store (it holds {', '.join(foreign[:5])})"
+                )
+
+    def read_identity(self) -> uuid.UUID:
+        """The store id from ``IDENTITY``.
+
+        :raises StoreNotFoundError: no identity file.
+        :raises FormatVersionError: a store format newer than this code reads.
+        :raises CorruptionError: the identity file is unreadable.
+        """
+        try:
+            raw = self.identity.read_bytes()
+        except FileNotFoundError:
+            raise StoreNotFoundError(f"{self.root} holds no statelog store") from None
+        try:
+            doc = json.loads(raw)
+            kind, version, sid = doc["kind"], int(doc["version"]), uuid.UUID(doc["store_id"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptionError(self.identity, 0, f"unreadable identity file: {exc}") from exc
+        if kind != _KIND:
+            raise CorruptionError(self.identity, 0, f"identity names kind {kind!r}")
+        if version != VERSION:
+            raise FormatVersionError(self.identity, version, VERSION)
+        return sid
+
+    def create(self, files: FileLayer) -> uuid.UUID:
+        """Create the directories and the identity of a new store, durably; returns its id.
+
+        Order: ``wal/`` and ``snapshots/`` (each fsynced into the root), then
+        ``IDENTITY`` (temp, fsync, rename, fsync root). A crash before the
+        identity lands leaves a directory that the next open creates again.
+        """
+        files.makedirs(self.wal)
+        files.makedirs(self.snapshots)
+        if any(p.name.endswith(SEGMENT_SUFFIX) for p in self.wal.iterdir()):
+            raise CorruptionError(
+                self.identity,
+                0,
+                "segments exist but the identity file is missing",
+                hint="restore IDENTITY from a backup; statelog never adopts an unidentified log",
+            )
+        sid = uuid.uuid4()
+        doc = {
+            "kind": _KIND,
+            "version": VERSION,
+            "store_id": str(sid),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        files.create_durable(self.identity, (json.dumps(doc, indent=1) + "\n").encode())
+        return sid
+
+    def remove_temp_files(self, files: FileLayer) -> list[Path]:
+        """Delete ``*.tmp`` left in ``wal/`` and ``snapshots/`` by a writer that died mid-create."""
+        gone = []
+        for d in (self.wal, self.snapshots):
+            if d.is_dir():
+                for p in d.glob("*.tmp"):
+                    files.remove(p)
+                    gone.append(p)
+        return gone

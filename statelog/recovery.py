@@ -1,0 +1,312 @@
+"""Recovery policy: replay the log into the live state and decide what to do with damage.
+
+The reader (:mod:`statelog.wal_reader`) reports; this module decides:
+
+* clean end: nothing to do;
+* torn tail of the last segment: save the torn bytes to ``<segment>.broken``,
+  cut the segment back (durable: copy, fsync, rename, fsync dir, truncate,
+  fsync), report ``truncated_bytes``; never an error;
+* corruption before the tail: stop at the last good commit, log CRITICAL,
+  estimate and report the lost epochs, move the damaged remainder aside to
+  ``.corrupt`` files, and let the writer continue in a new segment; with
+  ``strict=True`` raise :class:`~statelog.errors.CorruptionError` instead,
+  before anything on disk changes.
+
+A record is applied only after its frame verified and it decoded to the
+next epoch. An ``OSError`` while reading is raised as
+:class:`~statelog.errors.StorageError`: an I/O error is never taken for
+corruption, and nothing is truncated because of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from .errors import CorruptionError, ResnapshotRequired, StorageError
+from .fileio import FileLayer
+from .records import decode_record
+from .report import Outcome, RecoveryReport, Rejection
+from .state import LiveState
+from .wal_format import FrameType, SegmentHeader, parse_segment_name
+from .wal_reader import SegmentScan, StopKind, salvage_frames, scan_segment
+
+__all__ = ["LogEnd", "aside_path", "list_segments", "recover_log"]
+
+log = logging.getLogger("statelog.recovery")
+
+
+@dataclass(slots=True)
+class LogEnd:
+    """Where the writer continues after recovery."""
+
+    sequence: int = 0  # sequence of the last segment kept (0: none)
+    chain: int = 0  # crc the next frame or segment header must link to
+    unsealed: Path | None = None  # last segment, if it still needs a SEAL frame
+
+
+@dataclass(slots=True)
+class _Progress:
+    state: LiveState
+    replayed: int = 0
+    truncated: int = 0
+    outcome: Outcome = Outcome.CLEAN
+    rejected: list[Rejection] = field(default_factory=list)
+    saved: list[Path] = field(default_factory=list)
+    lost: range = range(0)
+
+
+def list_segments(wal_dir: Path) -> list[tuple[int, int, Path]]:
+    """``(sequence, first_lsn, path)`` of every segment in ``wal_dir``, in log order."""
+    found = []
+    for p in wal_dir.iterdir():
+        parsed = parse_segment_name(p)
+        if parsed is not None:
+            found.append((parsed[0], parsed[1], p))
+    return sorted(found)
+
+
+def aside_path(path: Path, suffix: str) -> Path:
+    """A fresh ``<path><suffix>[.N]`` name for evidence that must not overwrite older evidence."""
+    candidate = path.with_name(path.name + suffix)
+    n = 1
+    while candidate.exists():
+        candidate = path.with_name(f"{path.name}{suffix}.{n}")
+        n += 1
+    return candidate
+
+
+def recover_log(
+    files: FileLayer,
+    wal_dir: Path,
+    store_id: uuid.UUID,
+    state: LiveState,
+    *,
+    repair: bool,
+    strict: bool = False,
+) -> tuple[RecoveryReport, LogEnd]:
+    """Replay every verified commit in ``wal_dir`` into ``state``.
+
+    :param repair: the caller holds the writer's lock and may cut torn tails
+        and move damage aside; False (read-only) changes nothing on disk.
+    :param strict: raise on corruption instead of stopping at the last good commit.
+    :raises CorruptionError: ``strict`` and damage before the tail.
+    :raises ResnapshotRequired: the log does not reach back to epoch 1.
+    :raises FormatVersionError: a segment of an unknown format version.
+    :raises StorageError: reading failed (I/O error); nothing was changed.
+    """
+    started = time.perf_counter()
+    segments = list_segments(wal_dir)
+    prog = _Progress(state)
+    end = LogEnd()
+    if segments and segments[0][1] != state.epoch + 1:
+        raise ResnapshotRequired(
+            f"the log in {wal_dir} begins at LSN {segments[0][1]} and no snapshot covers "
+            f"epochs 1..{segments[0][1] - 1}",
+            [(segments[0][2], "log does not reach back to the start")],
+        )
+    for i, (seq, lsn, path) in enumerate(segments):
+        data = _read(files, path)
+        scan = scan_segment(
+            path, data, store_id=store_id, prev_crc=end.chain, is_last=i == len(segments) - 1
+        )
+        kind, offset, reason = _check_and_apply(scan, seq, lsn, end, prog)
+        if kind is StopKind.CLEAN:
+            end.sequence = seq
+            end.unsealed = None if scan.sealed_lsn is not None else path
+            continue
+        if kind is StopKind.TORN:
+            _torn(files, scan, offset, reason, end, prog, repair=repair)
+        else:
+            later = [p for _, _, p in segments[i + 1 :]]
+            if strict:
+                raise CorruptionError(path, offset, reason)
+            _corrupt(files, scan, data, offset, reason, later, end, prog, repair=repair)
+        break
+    report = RecoveryReport(
+        epoch=state.epoch,
+        snapshot=None,
+        replayed=prog.replayed,
+        truncated_bytes=prog.truncated,
+        rejected=tuple(prog.rejected),
+        lost_epochs=prog.lost,
+        seconds=time.perf_counter() - started,
+        outcome=prog.outcome,
+        segments=len(segments),
+        saved_aside=tuple(prog.saved),
+    )
+    return report, end
+
+
+def _read(files: FileLayer, path: Path) -> bytes:
+    try:
+        return files.read(path)
+    except OSError as exc:
+        raise StorageError(
+            f"reading {path} failed: {exc.strerror or exc}",
+            errno=exc.errno,
+            hint="an I/O error is not corruption: nothing was changed; fix the device and reopen",
+        ) from exc
+
+
+def _check_and_apply(
+    scan: SegmentScan, seq: int, lsn: int, end: LogEnd, prog: _Progress
+) -> tuple[StopKind, int, str]:
+    """Apply the scan's records in order; return the stop, widened by policy-level checks."""
+    header = scan.header
+    if header is not None:
+        if (header.sequence, header.first_lsn) != (seq, lsn):
+            return StopKind.CORRUPT, 0, "header disagrees with the file name"
+        if end.sequence and seq != end.sequence + 1:
+            return StopKind.CORRUPT, 0, f"segment {end.sequence + 1} is missing"
+    state = prog.state
+    for rec in scan.records:
+        try:
+            decoded = decode_record(rec.payload)
+        except msgspec.DecodeError as exc:
+            return StopKind.CORRUPT, rec.offset, f"verified frame holds no commit record: {exc}"
+        if decoded.epoch != state.epoch + 1:
+            return (
+                StopKind.CORRUPT,
+                rec.offset,
+                (f"epoch {decoded.epoch} where {state.epoch + 1} was expected"),
+            )
+        state.apply_record(decoded)
+        prog.replayed += 1
+        end.chain = rec.crc
+    if scan.sealed_lsn is not None and scan.sealed_lsn != state.epoch:
+        return (
+            StopKind.CORRUPT,
+            scan.end,
+            f"seal names LSN {scan.sealed_lsn}, log holds {state.epoch}",
+        )
+    end.chain = scan.end_crc
+    return scan.stop.kind, scan.stop.offset, scan.stop.reason
+
+
+def _torn(
+    files: FileLayer,
+    scan: SegmentScan,
+    offset: int,
+    reason: str,
+    end: LogEnd,
+    prog: _Progress,
+    *,
+    repair: bool,
+) -> None:
+    path = scan.path
+    prog.truncated = scan.size - offset
+    prog.outcome = Outcome.TORN_TAIL
+    prog.rejected.append(Rejection(path, offset, reason))
+    if not repair:
+        # Read-only: an unfinished tail is usually the writer's append in flight.
+        log.debug(
+            "segment=%s event=torn_tail offset=%d bytes=%d", path.name, offset, prog.truncated
+        )
+        return
+    _cut(files, scan, offset, ".broken", prog)
+    if scan.header is not None and offset > 0:
+        end.sequence = scan.header.sequence
+        end.unsealed = path if scan.sealed_lsn is None else None
+    log.warning(
+        "segment=%s event=torn_tail_truncated offset=%d bytes=%d reason=%r saved=%s epoch=%d",
+        path.name,
+        offset,
+        prog.truncated,
+        reason,
+        prog.saved[-1].name,
+        prog.state.epoch,
+    )
+
+
+def _cut(files: FileLayer, scan: SegmentScan, offset: int, suffix: str, prog: _Progress) -> None:
+    """Save ``scan.path[offset:]`` aside durably, then cut the segment (or move it whole)."""
+    path = scan.path
+    aside = aside_path(path, suffix)
+    try:
+        if offset == 0:
+            files.rename(path, aside)
+            files.fsync_dir(path.parent)
+        else:
+            files.create_durable(aside, files.read(path)[offset:])
+            files.truncate(path, offset)
+    except OSError as exc:
+        raise StorageError(f"moving damaged bytes of {path} aside failed: {exc}") from exc
+    prog.saved.append(aside)
+
+
+def _corrupt(
+    files: FileLayer,
+    scan: SegmentScan,
+    data: bytes,
+    offset: int,
+    reason: str,
+    later: list[Path],
+    end: LogEnd,
+    prog: _Progress,
+    *,
+    repair: bool,
+) -> None:
+    path = scan.path
+    epoch = prog.state.epoch
+    prog.outcome = Outcome.CORRUPTION
+    prog.rejected.append(Rejection(path, offset, reason))
+    prog.rejected.extend(Rejection(p, None, f"after damage in {path.name}") for p in later)
+    highest = max(_salvage_epochs(files, scan, data, offset, later), default=epoch + 1)
+    prog.lost = range(epoch + 1, max(highest, epoch + 1) + 1)
+    log.critical(
+        "segment=%s event=corruption offset=%d reason=%r recovered_epoch=%d lost_epochs=%d-%d "
+        "later_segments=%d",
+        path.name,
+        offset,
+        reason,
+        epoch,
+        prog.lost.start,
+        prog.lost.stop - 1,
+        len(later),
+    )
+    if not repair:
+        return
+    for p in later:
+        aside = aside_path(p, ".corrupt")
+        try:
+            files.rename(p, aside)
+        except OSError as exc:
+            raise StorageError(f"moving {p} aside failed: {exc}") from exc
+        prog.saved.append(aside)
+    if later:
+        files.fsync_dir(path.parent)
+    _cut(files, scan, offset, ".corrupt", prog)
+    if scan.header is not None and offset > 0:
+        end.sequence = scan.header.sequence
+        end.unsealed = path if scan.sealed_lsn is None else None
+    # else the whole segment went aside: the writer continues from the one before.
+
+
+def _salvage_epochs(
+    files: FileLayer, scan: SegmentScan, data: bytes, offset: int, later: list[Path]
+) -> list[int]:
+    """Epochs of commits still intact past the damage: evidence for ``lost_epochs`` only."""
+    store_id = scan.header.store_id if scan.header else None
+    found: list[int] = []
+    sources: list[tuple[bytes, int]] = [(data, max(offset, 64))] if store_id else []
+    for p in later:
+        try:
+            more = files.read(p)
+        except OSError:
+            continue
+        if SegmentHeader.crc_ok(more) and SegmentHeader.unpack(more).store_id == store_id:
+            sources.append((more, 64))
+    for blob, start in sources:
+        for _, ftype, payload in salvage_frames(blob, start):
+            if ftype == FrameType.FULL:
+                try:
+                    found.append(decode_record(payload).epoch)
+                except msgspec.DecodeError:
+                    continue
+    return found

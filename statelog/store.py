@@ -1,0 +1,393 @@
+"""StateStore: the public face of statelog.
+
+A commit is one record in the write-ahead log: encode, frame, append,
+fsync (by the durability policy), apply to the in-memory overlay, return
+the new epoch. Reads never touch the log. Opening a store runs recovery
+(:mod:`statelog.recovery`) and then starts a fresh segment.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import types
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from .errors import (
+    InvalidCommitError,
+    InvalidOptionError,
+    ReadOnlyStoreError,
+    StorageError,
+    StoreClosedError,
+)
+from .fileio import FileLayer
+from .group_commit import GroupCommitter
+from .layout import StoreLayout
+from .lock import StoreLock
+from .records import CommitRecord, TableDelta, decode_value, encode_record
+from .recovery import recover_log
+from .state import Key, LiveState
+from .transaction import Transaction
+from .validate import check_offsets, check_watermark, table_delta
+from .wal_writer import WalWriter
+
+__all__ = ["Durability", "StateStore", "open"]
+
+log = logging.getLogger("statelog.store")
+
+Durability = Literal["commit", "group", "none"]
+_EMPTY: Mapping[Any, Any] = types.MappingProxyType({})
+_MiB = 1 << 20
+
+
+class StateStore:
+    """A changelog-backed state store. Create with :func:`statelog.open`.
+
+    One writer per store (an exclusive lock); any number of read-only opens.
+    Commits are serialised; reads may come from any thread and see whole
+    commits only.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        durability: Durability = "commit",
+        group_delay: timedelta = timedelta(milliseconds=2),
+        segment_bytes: int = 64 * _MiB,
+        fragment_bytes: int = 1 * _MiB,
+        max_record_bytes: int = 64 * _MiB,
+        readonly: bool = False,
+        strict: bool = False,
+        file_layer: FileLayer | None = None,
+    ) -> None:
+        """Open the store at ``path``, creating it (writer) or failing (read-only) if absent.
+
+        :param durability: ``"commit"`` fsyncs before ``commit`` returns;
+            ``"group"`` fsyncs in the background within ``group_delay``
+            (see :meth:`wait_durable`); ``"none"`` never syncs until close and
+            loses recent commits on power loss: for tests and benchmarks only.
+        :param segment_bytes: roll to a new segment past this size.
+        :param fragment_bytes: split records larger than this into fragments.
+        :param max_record_bytes: refuse commits whose record is larger.
+        :param readonly: read the last durable state without taking the lock.
+        :param strict: raise :class:`CorruptionError` on damage before the log's tail
+            instead of recovering to the last good commit.
+        :raises StoreLockedError: another writer has the store open.
+        :raises CorruptionError: ``strict`` and the log is damaged.
+        :raises FormatVersionError: files of a newer format.
+        :raises StorageError: an I/O error while reading or creating files.
+        """
+        _check_options(durability, group_delay, segment_bytes, fragment_bytes, max_record_bytes)
+        self.path = Path(path)
+        self.readonly = readonly
+        self._durability = durability
+        self._max_record = max_record_bytes
+        self._files = file_layer or FileLayer()
+        self._layout = StoreLayout(self.path)
+        self._state = LiveState()
+        self._lock = threading.Lock()  # serialises commits and close
+        self._view = threading.Lock()  # makes each applied commit visible whole
+        self._closed = False
+        self._writer_lock: StoreLock | None = None
+        self._group: GroupCommitter | None = None
+        if readonly:
+            self.store_id = self._layout.read_identity()
+            self.recovery, _ = recover_log(
+                self._files, self._layout.wal, self.store_id, self._state, repair=False
+            )
+            self._wal: WalWriter | None = None
+            return
+        self._layout.check_can_host()
+        self._files.makedirs(self.path)
+        self._writer_lock = StoreLock(self.path)
+        try:
+            self._open_writer(strict, segment_bytes, fragment_bytes, group_delay)
+        except BaseException:
+            self._writer_lock.release()
+            raise
+
+    def _open_writer(
+        self, strict: bool, segment_bytes: int, fragment_bytes: int, group_delay: timedelta
+    ) -> None:
+        layout = self._layout
+        if layout.identity.exists():
+            self.store_id = layout.read_identity()
+        else:
+            self.store_id = layout.create(self._files)
+            log.info("store=%s event=store_created store_id=%s", self.path, self.store_id)
+        for p in layout.remove_temp_files(self._files):
+            log.info("store=%s event=temp_removed file=%s", self.path, p.name)
+        self.recovery, end = recover_log(
+            self._files, layout.wal, self.store_id, self._state, repair=True, strict=strict
+        )
+        wal = WalWriter(
+            self._files,
+            layout.wal,
+            self.store_id,
+            segment_bytes=segment_bytes,
+            fragment_bytes=fragment_bytes,
+        )
+        epoch = self._state.epoch
+        try:
+            if end.unsealed is not None:
+                wal.adopt(end.unsealed, end.sequence, epoch + 1, end.chain)
+                wal.seal()
+            wal.start_segment(
+                end.sequence + 1, epoch + 1, wal.last_crc if end.unsealed else end.chain
+            )
+        except OSError as exc:
+            raise StorageError(f"starting a new segment in {layout.wal} failed: {exc}") from exc
+        self._wal = wal
+        if self._durability == "group":
+            self._group = GroupCommitter(self._group_sync, group_delay.total_seconds(), epoch)
+        r = self.recovery
+        log.info(
+            "store=%s event=recovered epoch=%d outcome=%s replayed=%d truncated_bytes=%d "
+            "lost_epochs=%d seconds=%.3f",
+            self.path,
+            r.epoch,
+            r.outcome,
+            r.replayed,
+            r.truncated_bytes,
+            len(r.lost_epochs),
+            r.seconds,
+        )
+
+    # -- context manager -------------------------------------------------
+    def __enter__(self) -> StateStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writing ---------------------------------------------------------
+    def commit(
+        self,
+        *,
+        offsets: Mapping[str, int],
+        low_watermark_ms: int,
+        put: Mapping[Key, Any] = _EMPTY,
+        delete: Iterable[Key] = (),
+        table: str = "default",
+    ) -> int:
+        """Commit one atomic checkpoint: offset advances, the watermark and one table's delta.
+
+        ``offsets`` updates the named partitions (others keep their offset).
+        Durable on return with ``durability="commit"``.
+
+        :returns: the new epoch, the previous epoch + 1.
+        :raises InvalidCommitError: bad input; nothing was written.
+        :raises StorageError: the write or sync failed; the commit is not
+            visible and will not be replayed.
+        """
+        with self._lock:
+            self._check_writable()
+            state = self._state
+            offs = check_offsets(offsets, state.offsets)
+            wm = check_watermark(low_watermark_ms, state.low_watermark_ms)
+            return self._append(offs, wm, [table_delta(table, put, delete)])
+
+    def transaction(self) -> Transaction:
+        """A multi-table commit: ``with store.transaction() as tx: tx.put(...)``.
+
+        Commits on a clean exit of the ``with`` block, discards on an exception.
+        """
+        self._check_writable()
+        return Transaction(self)
+
+    def _commit_transaction(
+        self, offsets: Mapping[str, int], low_watermark_ms: int | None, deltas: list[TableDelta]
+    ) -> int:
+        with self._lock:
+            self._check_writable()
+            state = self._state
+            offs = check_offsets(offsets, state.offsets)
+            wm = state.low_watermark_ms if low_watermark_ms is None else low_watermark_ms
+            return self._append(offs, check_watermark(wm, state.low_watermark_ms), deltas)
+
+    def _append(self, offsets: dict[str, int], wm: int, deltas: list[TableDelta]) -> int:
+        """The hot path: encode, frame, append, fsync by policy, apply. Caller holds ``_lock``."""
+        group = self._group
+        if group is not None and group.failure is not None:
+            raise group.failure
+        epoch = self._state.epoch + 1
+        payload = encode_record(CommitRecord(epoch, offsets, wm, deltas))
+        if len(payload) > self._max_record:
+            raise InvalidCommitError(
+                f"commit record is {len(payload)} bytes, over max_record_bytes={self._max_record}",
+                hint="split the commit into smaller ones or raise max_record_bytes",
+            )
+        assert self._wal is not None
+        self._wal.append(payload, sync=self._durability == "commit")
+        with self._view:
+            self._state.apply(
+                epoch, offsets, wm, ((d.name, d.keys, d.values, d.deletes) for d in deltas)
+            )
+        if group is not None:
+            group.written_up_to(epoch)
+        return epoch
+
+    def _group_sync(self) -> None:
+        with self._lock:
+            f = self._wal.active_file if self._wal is not None else None
+            handle = f.dup() if f is not None and not f.closed else None
+        if handle is None:
+            return  # rolled or closed: sealing synced it
+        try:
+            handle.sync()
+        except OSError as exc:
+            raise StorageError(
+                f"group sync of {handle.path.name} failed: {exc}", errno=exc.errno
+            ) from exc
+        finally:
+            handle.close()
+
+    def flush(self) -> None:
+        """Make every commit so far durable now (a no-op with ``durability="commit"``).
+
+        :raises StorageError: the sync failed.
+        """
+        if self._group is not None:
+            if not self._group.flush_now():
+                assert self._group.failure is not None
+                raise self._group.failure
+        elif self._durability == "none" and self._wal is not None:
+            with self._lock:
+                self._wal.sync()
+
+    def wait_durable(self, epoch: int, timeout: timedelta | float | None = None) -> bool:
+        """Block until commit ``epoch`` is durable; False if ``timeout`` passed first.
+
+        :raises StorageError: a background sync failed before ``epoch`` was durable.
+        """
+        if self._group is None:
+            if self._durability == "none":
+                self.flush()
+            return epoch <= self._state.epoch
+        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        return self._group.wait(epoch, secs)
+
+    @property
+    def durable_epoch(self) -> int:
+        """The highest epoch known to be durable."""
+        if self._group is not None:
+            return self._group.durable
+        return self._state.epoch
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.path} is closed")
+        if self.readonly:
+            raise ReadOnlyStoreError(f"store {self.path} was opened read-only")
+
+    # -- reading ---------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch of the last commit (0 for a new store)."""
+        return self._state.epoch
+
+    @property
+    def offsets(self) -> dict[str, int]:
+        """A copy of the committed consumer offsets."""
+        with self._view:
+            return dict(self._state.offsets)
+
+    @property
+    def low_watermark_ms(self) -> int:
+        return self._state.low_watermark_ms
+
+    def get(self, key: Key, default: Any = None, table: str = "default") -> Any:
+        """The value of ``key`` in ``table`` (a fresh object), or ``default``."""
+        with self._view:
+            raw = self._state.get(table, key)
+        return default if raw is None else decode_value(raw)
+
+    def items(self, table: str = "default", prefix: Key | None = None) -> Iterator[tuple[Key, Any]]:
+        """``(key, value)`` pairs of ``table`` in key order (bytes keys first, then str).
+
+        The pairs are taken at the call, so later commits do not show up mid-iteration.
+        """
+        with self._view:
+            pairs = list(self._state.items(table, prefix))
+        for k, raw in pairs:
+            yield k, decode_value(raw)
+
+    def count(self, table: str = "default") -> int:
+        return self._state.count(table)
+
+    def tables(self) -> list[str]:
+        """Names of the tables that have ever been written."""
+        return sorted(self._state.tables)
+
+    # -- closing ---------------------------------------------------------
+    def close(self) -> None:
+        """Flush, seal the active segment, release the lock. Idempotent.
+
+        :raises StorageError: sealing failed; the lock is released anyway and
+            the next open recovers the unsealed segment.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if self._group is not None:
+                    self._group.stop()
+                if self._wal is not None:
+                    if self._wal.poisoned:
+                        self._wal.close()
+                    else:
+                        self._wal.seal()
+            finally:
+                if self._writer_lock is not None:
+                    self._writer_lock.release()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        mode = "readonly" if self.readonly else self._durability
+        return (
+            f"<StateStore {self.path} epoch={self.epoch} {mode}{' closed' if self._closed else ''}>"
+        )
+
+
+def open(path: str | Path, **options: Any) -> StateStore:
+    """Create or recover the store at ``path``; see :class:`StateStore` for ``options``.
+
+    Use as a context manager: ``with statelog.open(path) as store: ...``.
+    """
+    try:
+        return StateStore(path, **options)
+    except TypeError as exc:
+        if "unexpected keyword argument" in str(exc):
+            raise InvalidOptionError(str(exc)) from None
+        raise
+
+
+def _check_options(
+    durability: Any, delay: Any, segment: Any, fragment: Any, max_record: Any
+) -> None:
+    if durability not in ("commit", "group", "none"):
+        raise InvalidOptionError(
+            f"durability={durability!r}", hint='use "commit", "group" or "none"'
+        )
+    if not isinstance(delay, timedelta) or not timedelta(0) < delay <= timedelta(seconds=10):
+        raise InvalidOptionError(f"group_delay={delay!r}", hint="a timedelta in (0, 10 s]")
+    for name, value, low in (
+        ("segment_bytes", segment, 4096),
+        ("fragment_bytes", fragment, 64),
+        ("max_record_bytes", max_record, 64),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 1 << 32:
+            raise InvalidOptionError(f"{name}={value!r}", hint=f"an int from {low} to 2**32-1")
+    if fragment > segment:
+        raise InvalidOptionError("fragment_bytes is larger than segment_bytes")
+
+
+StateStore.open = staticmethod(open)  # type: ignore[attr-defined]

@@ -1,0 +1,108 @@
+"""Multi-table commits: ``with store.transaction() as tx: ...``.
+
+A transaction gathers puts and deletes over any number of tables, offset
+advances and a watermark, and commits them as one record (one epoch) when
+the ``with`` block exits cleanly. On an exception nothing is written.
+
+Each value is encoded when it is put, so a bad value fails at ``put`` (not
+at the end of the block) and later mutation of the caller's object does not
+change what is committed. Within one transaction the last operation on a
+key wins.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidCommitError, StoreClosedError
+from .records import TableDelta, encode_value
+from .state import Key
+from .validate import table_delta
+
+if TYPE_CHECKING:
+    from .store import StateStore
+
+__all__ = ["Transaction"]
+
+_DELETED = object()
+
+
+class Transaction:
+    """Pending changes of one multi-table commit. Obtain from :meth:`StateStore.transaction`."""
+
+    def __init__(self, store: StateStore) -> None:
+        self._store = store
+        self._tables: dict[str, dict[Key, Any]] = {}
+        self.offsets: dict[str, int] = {}
+        """Offset advances to commit (partition -> offset); others keep their value."""
+        self.low_watermark_ms: int | None = None
+        """The watermark to commit; None keeps the current one."""
+        self.epoch: int | None = None
+        """The committed epoch, once the block has exited cleanly."""
+        self._done = False
+
+    def _table(self, table: str) -> dict[Key, Any]:
+        t = self._tables.get(table)
+        if t is None:
+            table_delta(table, {}, ())  # validates the name
+            t = self._tables[table] = {}
+        return t
+
+    def put(self, key: Key, value: Any, *, table: str = "default") -> None:
+        """Stage ``key = value`` in ``table``.
+
+        :raises InvalidCommitError: bad key or unencodable value (the
+            transaction stays usable; nothing was staged).
+        """
+        self._check_open()
+        t = self._table(table)
+        k = table_delta(table, {key: None}, ()).keys[0]
+        try:
+            t[k] = encode_value(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidCommitError(
+                f"value of key {key!r} in table {table!r} cannot be encoded as msgpack: {exc}"
+            ) from exc
+
+    def delete(self, key: Key, *, table: str = "default") -> None:
+        """Stage the deletion of ``key`` from ``table`` (absent keys are fine)."""
+        self._check_open()
+        t = self._table(table)
+        k = table_delta(table, {}, (key,)).deletes[0]
+        t[k] = _DELETED
+
+    def set_offset(self, partition: str, offset: int) -> None:
+        """Stage an offset advance (checked against committed offsets at commit)."""
+        self._check_open()
+        self.offsets[partition] = offset
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise StoreClosedError("the transaction has already ended", hint="start a new one")
+
+    def commit(self) -> int:
+        """Commit now (the ``with`` block does this on a clean exit); returns the epoch."""
+        self._check_open()
+        deltas = []
+        for name, staged in self._tables.items():
+            keys = [k for k, v in staged.items() if v is not _DELETED]
+            values = [staged[k] for k in keys]
+            deletes = [k for k, v in staged.items() if v is _DELETED]
+            deltas.append(TableDelta(name, keys, values, deletes))
+        self.epoch = self._store._commit_transaction(self.offsets, self.low_watermark_ms, deltas)
+        self._done = True
+        return self.epoch
+
+    def discard(self) -> None:
+        """Drop every staged change."""
+        self._done = True
+        self._tables.clear()
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is not None:
+            self.discard()
+        elif not self._done:
+            self.commit()

@@ -1,0 +1,150 @@
+"""Checks that turn a caller's commit into a record, or refuse it before any I/O.
+
+Everything here runs before the first byte is written, so a refused commit
+changes nothing on disk. Values are encoded here too: an unencodable value
+is bad input like any other, and encoding once serves the log record, the
+live state and (later) the base snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .errors import InvalidCommitError
+from .records import TableDelta, encode_value
+from .state import Key
+
+__all__ = ["MAX_KEY_BYTES", "check_offsets", "check_watermark", "table_delta"]
+
+MAX_KEY_BYTES = 500
+"""Longest key in bytes (UTF-8 for str). LMDB, the base level, caps keys at 511 bytes."""
+
+MAX_TABLE_NAME = 200
+
+
+def _key(k: Any, table: str) -> Key:
+    cls = k.__class__
+    if cls is str:
+        if len(k) > MAX_KEY_BYTES // 4 and len(k.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+            raise InvalidCommitError(
+                f"key {k[:40]!r}... in table {table!r} is over {MAX_KEY_BYTES} bytes"
+            )
+        return k  # type: ignore[no-any-return]
+    if cls is bytes:
+        if len(k) > MAX_KEY_BYTES:
+            raise InvalidCommitError(
+                f"key {k[:40]!r}... in table {table!r} is over {MAX_KEY_BYTES} bytes"
+            )
+        return k  # type: ignore[no-any-return]
+    if isinstance(k, str):  # str subclasses (StrEnum, ...) are stored as plain str
+        return _key(str.__str__(k), table)
+    if isinstance(k, bytes):
+        return _key(bytes(k), table)
+    raise InvalidCommitError(
+        f"key {k!r} in table {table!r} is a {cls.__name__}; keys must be str or bytes",
+        hint="convert the key to str or bytes; nothing was written",
+    )
+
+
+def _strict_keys(keys: Iterable[Any], table: str) -> list[Key]:
+    out = list(keys)
+    for i, k in enumerate(out):
+        if (k.__class__ is not str and k.__class__ is not bytes) or len(k) > MAX_KEY_BYTES // 4:
+            out[i] = _key(k, table)
+    return out
+
+
+def table_delta(name: Any, put: Mapping[Any, Any], delete: Iterable[Any]) -> TableDelta:
+    """Validate and encode one table's puts and deletes.
+
+    :raises InvalidCommitError: bad table name, key type or length, an
+        unencodable value, or a key both put and deleted.
+    """
+    if not isinstance(name, str) or not name or len(name) > MAX_TABLE_NAME or "\x00" in name:
+        raise InvalidCommitError(
+            f"table name {name!r} is invalid",
+            hint=f"use a non-empty str of at most {MAX_TABLE_NAME} characters without NUL",
+        )
+    if not isinstance(put, Mapping):
+        raise InvalidCommitError(
+            f"put= must be a mapping of key to value, not {type(put).__name__}"
+        )
+    if isinstance(delete, str | bytes):
+        raise InvalidCommitError(
+            "delete= must be an iterable of keys, not a single key",
+            hint="wrap a single key in a tuple: delete=(key,)",
+        )
+    keys = _strict_keys(put.keys(), name)
+    try:
+        values = [encode_value(v) for v in put.values()]
+    except (TypeError, ValueError, OverflowError) as exc:
+        bad = next(k for k, v in put.items() if not _encodes(v))
+        raise InvalidCommitError(
+            f"value of key {bad!r} in table {name!r} cannot be encoded as msgpack: {exc}",
+            hint="store only msgpack-able values (None, bool, int, float, str, bytes, "
+            "lists, dicts, datetimes); nothing was written",
+        ) from exc
+    deletes = _strict_keys(delete, name)
+    if deletes and keys:
+        both = set(deletes).intersection(keys)
+        if both:
+            raise InvalidCommitError(
+                f"key {next(iter(both))!r} in table {name!r} is both put and deleted",
+                hint="a commit may put or delete a key, not both",
+            )
+    return TableDelta(name, keys, values, deletes)
+
+
+def _encodes(v: Any) -> bool:
+    try:
+        encode_value(v)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True
+
+
+def check_offsets(offsets: Any, current: Mapping[str, int]) -> dict[str, int]:
+    """Validate offset advances against the current offsets; returns a plain dict.
+
+    :raises InvalidCommitError: a non-str partition, a non-int or negative
+        offset, or an offset lower than the one already committed.
+    """
+    if not isinstance(offsets, Mapping):
+        raise InvalidCommitError(
+            f"offsets= must be a mapping of partition to offset, not {type(offsets).__name__}"
+        )
+    out: dict[str, int] = {}
+    for part, off in offsets.items():
+        if not isinstance(part, str):
+            raise InvalidCommitError(
+                f"partition {part!r} is not a str", hint="name partitions with str"
+            )
+        if off.__class__ is not int and (not isinstance(off, int) or isinstance(off, bool)):
+            raise InvalidCommitError(f"offset of partition {part!r} is {off!r}, not an int")
+        if off < 0:
+            raise InvalidCommitError(f"offset of partition {part!r} is negative ({off})")
+        if off >= 1 << 63:
+            raise InvalidCommitError(f"offset of partition {part!r} is over 2**63-1")
+        before = current.get(part)
+        if before is not None and off < before:
+            raise InvalidCommitError(
+                f"offset of partition {part!r} goes backwards: {off} < committed {before}",
+                hint="offsets only advance; after a walk-back rewind the consumer to store.offsets",
+            )
+        out[str.__str__(part)] = int(off)
+    return out
+
+
+def check_watermark(wm: Any, current: int) -> int:
+    """:raises InvalidCommitError: the watermark is not an int, is negative, or goes backwards."""
+    if wm.__class__ is not int and (not isinstance(wm, int) or isinstance(wm, bool)):
+        raise InvalidCommitError(f"low_watermark_ms is {wm!r}, not an int")
+    if wm < 0 or wm >= 1 << 63:
+        raise InvalidCommitError(f"low_watermark_ms {wm} is out of range 0..2**63-1")
+    if wm < current:
+        raise InvalidCommitError(
+            f"low_watermark_ms goes backwards: {wm} < committed {current}",
+            hint="the low watermark only advances; pass store.low_watermark_ms to keep it",
+        )
+    return int(wm)

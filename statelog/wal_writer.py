@@ -1,0 +1,229 @@
+"""The WAL writer: frames records, appends them to the active segment, rolls and seals.
+
+The layout it writes is defined in :mod:`statelog.wal_format` and specified
+in ``docs/format.md``. The writer never reads; recovery
+(:mod:`statelog.recovery`) decides where it starts (sequence, LSN, chain).
+
+Failure contract: an append or sync that fails is rolled back (the file is
+truncated to where it was), so a failed commit is neither visible nor
+replayed. If even the rollback fails the writer is *poisoned*: every later
+append raises :class:`~statelog.errors.StorageError` until the store is
+reopened and recovery has re-read the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import uuid
+from pathlib import Path
+
+from .errors import StorageError
+from .fileio import AppendFile, Buffer, FileLayer
+from .wal_format import (
+    FrameType,
+    SegmentHeader,
+    pack_frame_header,
+    padding,
+    segment_name,
+)
+
+__all__ = ["WalWriter"]
+
+log = logging.getLogger("statelog.wal")
+
+_ZEROS = bytes(8)
+SEAL_PAYLOAD = struct.Struct("<Q")
+
+
+class WalWriter:
+    """Appends framed records to ``wal_dir``; one instance per writing store."""
+
+    def __init__(
+        self,
+        files: FileLayer,
+        wal_dir: Path,
+        store_id: uuid.UUID,
+        *,
+        segment_bytes: int,
+        fragment_bytes: int,
+    ) -> None:
+        self._files = files
+        self._dir = wal_dir
+        self._store_id = store_id
+        self._segment_bytes = segment_bytes
+        self._fragment_bytes = fragment_bytes
+        self._file: AppendFile | None = None
+        self.sequence = 0
+        self.last_crc = 0
+        self.next_lsn = 1
+        self.poisoned: str | None = None
+        self._roll_pending = False
+
+    @property
+    def active_path(self) -> Path | None:
+        return self._file.path if self._file is not None else None
+
+    @property
+    def active_file(self) -> AppendFile | None:
+        return self._file
+
+    def start_segment(self, sequence: int, first_lsn: int, prev_crc: int) -> Path:
+        """Create segment ``sequence`` and make it the active one.
+
+        Durable steps: header written to a temp file, fsync, rename into
+        ``wal/``, fsync of ``wal/`` (:meth:`FileLayer.create_durable`). A crash
+        leaves no segment or a complete header, never a half-written one.
+
+        :raises OSError: the segment could not be created; nothing changed.
+        """
+        header = SegmentHeader(self._store_id, sequence, first_lsn, prev_crc)
+        path = self._dir / segment_name(sequence, first_lsn)
+        self._files.create_durable(path, header.pack())
+        self._file = self._files.open_append(path)
+        self.sequence, self.next_lsn, self.last_crc = sequence, first_lsn, prev_crc
+        self._roll_pending = False
+        log.info("segment=%s event=segment_created first_lsn=%d", path.name, first_lsn)
+        return path
+
+    def adopt(self, path: Path, sequence: int, next_lsn: int, chain: int) -> None:
+        """Continue an existing, verified segment (recovery found it unsealed)."""
+        self._file = self._files.open_append(path)
+        self.sequence, self.next_lsn, self.last_crc = sequence, next_lsn, chain
+        self._roll_pending = False
+
+    def _frames(self, payload: bytes) -> tuple[list[Buffer], int]:
+        """Frame ``payload``, fragmenting past ``fragment_bytes``; returns chunks and last crc."""
+        view = memoryview(payload)
+        n = len(view)
+        step = self._fragment_bytes
+        prev = self.last_crc
+        chunks: list[Buffer] = []
+        pos = 0
+        while True:
+            piece = view[pos : pos + step]
+            end = pos + len(piece)
+            if pos == 0:
+                ftype = FrameType.FULL if end >= n else FrameType.FIRST
+            else:
+                ftype = FrameType.LAST if end >= n else FrameType.MIDDLE
+            header = pack_frame_header(ftype, piece, prev)
+            prev = struct.unpack_from("<I", header)[0]
+            chunks.append(header)
+            chunks.append(piece)
+            pad = padding(len(piece))
+            if pad:
+                chunks.append(_ZEROS[:pad])
+            pos = end
+            if pos >= n:
+                return chunks, prev
+
+    def append(self, payload: bytes, *, sync: bool) -> None:
+        """Append one record (one LSN); with ``sync``, fdatasync before returning.
+
+        Rolls to a new segment first when the active one has reached
+        ``segment_bytes`` (or after a failed sync). Fragments of one record
+        never span two segments.
+
+        :raises StorageError: the write or the sync failed. The file was cut
+            back to its previous length; the record will not be replayed.
+        """
+        if self.poisoned:
+            raise StorageError(
+                f"the log writer stopped after an earlier failure: {self.poisoned}",
+                hint="close and reopen the store; recovery re-reads the log",
+            )
+        f = self._file
+        if f is None or self._roll_pending or f.size >= self._segment_bytes:
+            self.roll()
+            f = self._file
+            assert f is not None
+        chunks, crc = self._frames(payload)
+        before = f.size
+        try:
+            f.write(chunks)
+            if sync:
+                f.sync()
+        except OSError as exc:
+            self._rollback(f, before, exc, synced=sync)
+            raise StorageError(
+                f"append to {f.path.name} failed: {exc.strerror or exc}", errno=exc.errno
+            ) from exc
+        self.last_crc = crc
+        self.next_lsn += 1
+
+    def _rollback(self, f: AppendFile, size: int, exc: OSError, *, synced: bool) -> None:
+        try:
+            f.truncate(size)
+            if synced:
+                # After a failed fsync the kernel may have dropped the dirty
+                # pages; make the cut durable and leave this file behind.
+                f.sync()
+                self._roll_pending = True
+        except OSError as again:
+            self.poisoned = f"{exc}; rollback failed: {again}"
+            log.critical(
+                "segment=%s event=writer_poisoned error=%r rollback_error=%r",
+                f.path.name,
+                exc,
+                again,
+            )
+
+    def sync(self) -> None:
+        """fdatasync the active segment.
+
+        :raises StorageError: the sync failed; the writer is poisoned, since
+            appends already acknowledged to callers may not be durable.
+        """
+        f = self._file
+        if f is None or f.closed:
+            return
+        try:
+            f.sync()
+        except OSError as exc:
+            self.poisoned = f"sync failed: {exc}"
+            raise StorageError(f"sync of {f.path.name} failed: {exc}", errno=exc.errno) from exc
+
+    def seal(self) -> None:
+        """Append a SEAL frame naming the last LSN, fsync, and close the segment.
+
+        A sealed segment is immutable: the compactor may read it.
+        """
+        f = self._file
+        if f is None:
+            return
+        payload = SEAL_PAYLOAD.pack(self.next_lsn - 1)
+        header = pack_frame_header(FrameType.SEAL, payload, self.last_crc)
+        chunks: list[Buffer] = [header, payload]
+        pad = padding(len(payload))
+        if pad:
+            chunks.append(_ZEROS[:pad])
+        try:
+            f.write(chunks)
+            f.sync()
+        except OSError as exc:
+            self._rollback(f, f.size, exc, synced=True)
+            raise StorageError(f"sealing {f.path.name} failed: {exc}", errno=exc.errno) from exc
+        finally:
+            f.close()
+            self._file = None
+        self.last_crc = struct.unpack_from("<I", header)[0]
+        log.info("segment=%s event=segment_sealed last_lsn=%d", f.path.name, self.next_lsn - 1)
+
+    def roll(self) -> None:
+        """Seal the active segment and start the next one, chained to it."""
+        f = self._file
+        if f is not None and not self._roll_pending:
+            self.seal()
+        elif f is not None:
+            # The segment saw a failed sync: leave it unsealed rather than
+            # write to it again; the new segment's header carries the chain.
+            f.close()
+            self._file = None
+        self.start_segment(self.sequence + 1, self.next_lsn, self.last_crc)
+
+    def close(self) -> None:
+        """Close without sealing (used when the writer was poisoned)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
