@@ -17,6 +17,8 @@ prefix and never returns a mix of two commits::
 See ``docs/architecture.md`` for the design and ``docs/format.md`` for the files.
 """
 
+import logging as _logging
+
 from .errors import (
     CorruptionError,
     FormatVersionError,
@@ -36,6 +38,9 @@ from .store import Durability, StateStore, open
 from .transaction import Transaction
 
 __version__ = "0.1.0"
+
+# A library never prints: records reach the host application's handlers only.
+_logging.getLogger("statelog").addHandler(_logging.NullHandler())
 
 __all__ = [
     "CorruptionError",

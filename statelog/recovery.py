@@ -33,7 +33,13 @@ from .fileio import FileLayer
 from .records import decode_record
 from .report import Outcome, RecoveryReport, Rejection
 from .state import LiveState
-from .wal_format import FrameType, SegmentHeader, parse_segment_name
+from .wal_format import (
+    HEADER_SIZE,
+    SEAL_FRAME_SIZE,
+    FrameType,
+    SegmentHeader,
+    parse_segment_name,
+)
 from .wal_reader import SegmentScan, StopKind, salvage_frames, scan_segment
 
 __all__ = ["LogEnd", "aside_path", "list_segments", "recover_log"]
@@ -257,17 +263,19 @@ def _corrupt(
     prog.outcome = Outcome.CORRUPTION
     prog.rejected.append(Rejection(path, offset, reason))
     prog.rejected.extend(Rejection(p, None, f"after damage in {path.name}") for p in later)
-    highest = max(_salvage_epochs(files, scan, data, offset, later), default=epoch + 1)
-    prog.lost = range(epoch + 1, max(highest, epoch + 1) + 1)
+    # A damaged region larger than a SEAL frame held at least one commit.
+    floor = epoch + 1 if scan.size - max(offset, HEADER_SIZE) > SEAL_FRAME_SIZE else epoch
+    highest = max(_salvage_epochs(files, scan, data, offset, later), default=floor)
+    prog.lost = range(epoch + 1, max(highest, floor) + 1)
+    lost = f"{prog.lost.start}-{prog.lost.stop - 1}" if prog.lost else "none-found"
     log.critical(
-        "segment=%s event=corruption offset=%d reason=%r recovered_epoch=%d lost_epochs=%d-%d "
+        "segment=%s event=corruption offset=%d reason=%r recovered_epoch=%d lost_epochs=%s "
         "later_segments=%d",
         path.name,
         offset,
         reason,
         epoch,
-        prog.lost.start,
-        prog.lost.stop - 1,
+        lost,
         len(later),
     )
     if not repair:

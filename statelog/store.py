@@ -58,7 +58,7 @@ class StateStore:
         durability: Durability = "commit",
         group_delay: timedelta = timedelta(milliseconds=2),
         segment_bytes: int = 64 * _MiB,
-        fragment_bytes: int = 1 * _MiB,
+        fragment_bytes: int | None = None,
         max_record_bytes: int = 64 * _MiB,
         readonly: bool = False,
         strict: bool = False,
@@ -71,7 +71,8 @@ class StateStore:
             (see :meth:`wait_durable`); ``"none"`` never syncs until close and
             loses recent commits on power loss: for tests and benchmarks only.
         :param segment_bytes: roll to a new segment past this size.
-        :param fragment_bytes: split records larger than this into fragments.
+        :param fragment_bytes: split records larger than this into fragments
+            (default: 1 MiB, or ``segment_bytes`` if smaller).
         :param max_record_bytes: refuse commits whose record is larger.
         :param readonly: read the last durable state without taking the lock.
         :param strict: raise :class:`CorruptionError` on damage before the log's tail
@@ -81,6 +82,8 @@ class StateStore:
         :raises FormatVersionError: files of a newer format.
         :raises StorageError: an I/O error while reading or creating files.
         """
+        if fragment_bytes is None:
+            fragment_bytes = min(_MiB, segment_bytes) if isinstance(segment_bytes, int) else _MiB
         _check_options(durability, group_delay, segment_bytes, fragment_bytes, max_record_bytes)
         self.path = Path(path)
         self.readonly = readonly

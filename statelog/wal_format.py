@@ -39,6 +39,8 @@ __all__ = [
     "FRAME_HEADER_SIZE",
     "HEADER_SIZE",
     "MAGIC",
+    "SEAL_FRAME_SIZE",
+    "SEAL_PAYLOAD",
     "SEGMENT_SUFFIX",
     "VERSION",
     "FrameType",
@@ -67,6 +69,8 @@ FRAME_HEADER = struct.Struct("<IIBBHI")
 FRAME_HEADER_SIZE = FRAME_HEADER.size
 ALIGN = 8
 assert FRAME_HEADER_SIZE == 16
+SEAL_PAYLOAD = struct.Struct("<Q")  # the last LSN of the segment
+SEAL_FRAME_SIZE = FRAME_HEADER_SIZE + SEAL_PAYLOAD.size
 
 _MASK_DELTA = 0xA282EAD8
 

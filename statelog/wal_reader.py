@@ -11,8 +11,8 @@ How a stop is classified (invariant 4 of the design brief):
 * ``TORN``: the damage is the unfinished tail of the *last* segment: a
   partial header, a frame longer than the bytes left, a checksum mismatch in
   a frame with a zero-filled 512-byte sector (etcd's rule: unwritten sectors
-  read as zeros), zero-filled space, or a record whose fragments stop at the
-  end. Only when no valid frame follows the damage: a torn write leaves
+  read as zeros), a zeroed frame header, or a record whose fragments stop at
+  the end. Only when no valid frame follows the damage: a torn write leaves
   nothing valid after itself.
 * ``CORRUPT``: anything else: a checksum mismatch, a chain break, a broken
   fragment sequence, data after a seal, a bad segment header, damage in a
@@ -24,7 +24,6 @@ An ``OSError`` while reading is not a stop: it propagates to the caller.
 from __future__ import annotations
 
 import enum
-import struct
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from .wal_format import (
     FRAME_HEADER,
     FRAME_HEADER_SIZE,
     HEADER_SIZE,
+    SEAL_PAYLOAD,
     VERSION,
     FrameType,
     SegmentHeader,
@@ -45,7 +45,6 @@ from .wal_format import (
 __all__ = ["Record", "SegmentScan", "Stop", "StopKind", "salvage_frames", "scan_segment"]
 
 SECTOR = 512
-_SEAL = struct.Struct("<Q")
 
 
 class StopKind(enum.Enum):
@@ -114,7 +113,8 @@ def _parse_frame(data: memoryview, off: int) -> tuple[_Frame | None, str, bool]:
         return None, f"partial frame header ({size - off} of {FRAME_HEADER_SIZE} bytes)", True
     crc, length, ftype, pad, reserved, prev = FRAME_HEADER.unpack_from(data, off)
     if not 1 <= ftype <= FrameType.SEAL or reserved or pad != padding(length):
-        zeros = not any(data[off:])
+        # A zeroed header is space the write never reached (an unwritten sector).
+        zeros = not any(data[off : off + FRAME_HEADER_SIZE])
         return None, f"invalid frame header (type={ftype} pad={pad} reserved={reserved})", zeros
     end = off + FRAME_HEADER_SIZE + length + pad
     if end > size:
@@ -234,7 +234,7 @@ def _scan_frames(scan: SegmentScan, view: memoryview, chain: int, is_last: bool)
             return
         chain = frame.crc
         if ftype == FrameType.SEAL:
-            scan.sealed_lsn = int(_SEAL.unpack_from(frame.payload)[0])
+            scan.sealed_lsn = int(SEAL_PAYLOAD.unpack_from(frame.payload)[0])
             scan.end_crc = chain
             record_start = off = frame.end
             continue

@@ -21,6 +21,7 @@ from pathlib import Path
 from .errors import StorageError
 from .fileio import AppendFile, Buffer, FileLayer
 from .wal_format import (
+    SEAL_PAYLOAD,
     FrameType,
     SegmentHeader,
     pack_frame_header,
@@ -33,7 +34,6 @@ __all__ = ["WalWriter"]
 log = logging.getLogger("statelog.wal")
 
 _ZEROS = bytes(8)
-SEAL_PAYLOAD = struct.Struct("<Q")
 
 
 class WalWriter:
