@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .errors import CorruptionError, FormatVersionError, NotAStoreError, StoreNotFoundError
 from .fileio import FileLayer
-from .wal_format import SEGMENT_SUFFIX, VERSION
+from .wal_format import HEADER_SIZE, SEGMENT_SUFFIX, VERSION, SegmentHeader, segment_name
 
 __all__ = ["IDENTITY", "SNAPSHOT_DIR", "WAL_DIR", "StoreLayout"]
 
@@ -90,22 +90,34 @@ class StoreLayout:
         return sid
 
     def create(self, files: FileLayer) -> uuid.UUID:
-        """Create the directories and the identity of a new store, durably; returns its id.
+        """Create the directories, the first segment and the identity of a new store.
 
-        Order: ``wal/`` and ``snapshots/`` (each fsynced into the root), then
-        ``IDENTITY`` (temp, fsync, rename, fsync root). A crash before the
-        identity lands leaves a directory that the next open creates again.
+        Durable order: ``wal/`` and ``snapshots/`` (each fsynced into the
+        root), segment 1 holding only its header (temp, fsync, rename, fsync
+        ``wal/``), then ``IDENTITY`` (temp, fsync, rename, fsync root). So an
+        identity without any segment is damage, never a crash artefact; and a
+        crash before the identity lands leaves only empty segments, which the
+        next open removes before creating the store again.
+
+        :raises CorruptionError: segments holding records but no identity.
+        :returns: the new store id.
         """
         files.makedirs(self.wal)
         files.makedirs(self.snapshots)
-        if any(p.name.endswith(SEGMENT_SUFFIX) for p in self.wal.iterdir()):
-            raise CorruptionError(
-                self.identity,
-                0,
-                "segments exist but the identity file is missing",
-                hint="restore IDENTITY from a backup; statelog never adopts an unidentified log",
-            )
+        for p in self.wal.iterdir():
+            if not p.name.endswith(SEGMENT_SUFFIX):
+                continue
+            if p.stat().st_size > HEADER_SIZE:
+                raise CorruptionError(
+                    self.identity,
+                    0,
+                    "segments hold records but the identity file is missing",
+                    hint="restore IDENTITY from a backup; statelog never adopts an unknown log",
+                )
+            files.remove(p)  # an empty segment of a creation that did not finish
         sid = uuid.uuid4()
+        first = SegmentHeader(sid, sequence=1, first_lsn=1, prev_crc=0)
+        files.create_durable(self.wal / segment_name(1, 1), first.pack())
         doc = {
             "kind": _KIND,
             "version": VERSION,

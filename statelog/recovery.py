@@ -102,14 +102,23 @@ def recover_log(
         and move damage aside; False (read-only) changes nothing on disk.
     :param strict: raise on corruption instead of stopping at the last good commit.
     :raises CorruptionError: ``strict`` and damage before the tail.
-    :raises ResnapshotRequired: the log does not reach back to epoch 1.
+    :raises ResnapshotRequired: the log is missing or does not reach back to epoch 1.
     :raises FormatVersionError: a segment of an unknown format version.
     :raises StorageError: reading failed (I/O error); nothing was changed.
     """
     started = time.perf_counter()
-    segments = list_segments(wal_dir)
+    try:
+        segments = list_segments(wal_dir)
+    except FileNotFoundError:
+        segments = []
     prog = _Progress(state)
     end = LogEnd()
+    if not segments:
+        # Creation writes segment 1 before the identity: an identified store
+        # with no log lost it, and starting again from epoch 0 would be a guess.
+        raise ResnapshotRequired(
+            f"the log of {wal_dir.parent} is missing", [(wal_dir, "no segments")]
+        )
     if segments and segments[0][1] != state.epoch + 1:
         raise ResnapshotRequired(
             f"the log in {wal_dir} begins at LSN {segments[0][1]} and no snapshot covers "
@@ -127,7 +136,7 @@ def recover_log(
             end.unsealed = None if scan.sealed_lsn is not None else path
             continue
         if kind is StopKind.TORN:
-            _torn(files, scan, offset, reason, end, prog, repair=repair)
+            _torn(files, scan, data, offset, reason, end, prog, repair=repair)
         else:
             later = [p for _, _, p in segments[i + 1 :]]
             if strict:
@@ -198,6 +207,7 @@ def _check_and_apply(
 def _torn(
     files: FileLayer,
     scan: SegmentScan,
+    data: bytes,
     offset: int,
     reason: str,
     end: LogEnd,
@@ -215,7 +225,7 @@ def _torn(
             "segment=%s event=torn_tail offset=%d bytes=%d", path.name, offset, prog.truncated
         )
         return
-    _cut(files, scan, offset, ".broken", prog)
+    _cut(files, scan, data, offset, ".broken", prog)
     if scan.header is not None and offset > 0:
         end.sequence = scan.header.sequence
         end.unsealed = path if scan.sealed_lsn is None else None
@@ -230,8 +240,15 @@ def _torn(
     )
 
 
-def _cut(files: FileLayer, scan: SegmentScan, offset: int, suffix: str, prog: _Progress) -> None:
-    """Save ``scan.path[offset:]`` aside durably, then cut the segment (or move it whole)."""
+def _cut(
+    files: FileLayer, scan: SegmentScan, data: bytes, offset: int, suffix: str, prog: _Progress
+) -> None:
+    """Save ``data[offset:]`` aside, then cut the segment there (or move it whole).
+
+    Durable order: the copy (temp, fsync, rename, fsync dir) lands before
+    the truncation (ftruncate, fsync), so a crash in between loses nothing:
+    the next recovery finds the same damage and saves it again.
+    """
     path = scan.path
     aside = aside_path(path, suffix)
     try:
@@ -239,7 +256,7 @@ def _cut(files: FileLayer, scan: SegmentScan, offset: int, suffix: str, prog: _P
             files.rename(path, aside)
             files.fsync_dir(path.parent)
         else:
-            files.create_durable(aside, files.read(path)[offset:])
+            files.create_durable(aside, memoryview(data)[offset:])
             files.truncate(path, offset)
     except OSError as exc:
         raise StorageError(f"moving damaged bytes of {path} aside failed: {exc}") from exc
@@ -289,7 +306,7 @@ def _corrupt(
         prog.saved.append(aside)
     if later:
         files.fsync_dir(path.parent)
-    _cut(files, scan, offset, ".corrupt", prog)
+    _cut(files, scan, data, offset, ".corrupt", prog)
     if scan.header is not None and offset > 0:
         end.sequence = scan.header.sequence
         end.unsealed = path if scan.sealed_lsn is None else None

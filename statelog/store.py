@@ -137,11 +137,10 @@ class StateStore:
         epoch = self._state.epoch
         try:
             if end.unsealed is not None:
+                # Verified (and cut back past any torn tail) by recovery: append to it.
                 wal.adopt(end.unsealed, end.sequence, epoch + 1, end.chain)
-                wal.seal()
-            wal.start_segment(
-                end.sequence + 1, epoch + 1, wal.last_crc if end.unsealed else end.chain
-            )
+            else:
+                wal.start_segment(end.sequence + 1, epoch + 1, end.chain)
         except OSError as exc:
             raise StorageError(f"starting a new segment in {layout.wal} failed: {exc}") from exc
         self._wal = wal
@@ -336,10 +335,12 @@ class StateStore:
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
+            self._closed = True  # from here on, commits are refused
+        # The flusher takes _lock to find the file it syncs: stop it unlocked.
+        if self._group is not None:
+            self._group.stop()
+        with self._lock:
             try:
-                if self._group is not None:
-                    self._group.stop()
                 if self._wal is not None:
                     if self._wal.poisoned:
                         self._wal.close()
