@@ -21,6 +21,7 @@ MAX_KEY_BYTES = 500
 """Longest key in bytes (UTF-8 for str). LMDB, the base level, caps keys at 511 bytes."""
 
 MAX_TABLE_NAME = 200
+_KEY_TYPES = frozenset((str, bytes))
 
 
 def _key(k: Any, table: str) -> Key:
@@ -49,9 +50,12 @@ def _key(k: Any, table: str) -> Key:
 
 def _strict_keys(keys: Iterable[Any], table: str) -> list[Key]:
     out = list(keys)
-    for i, k in enumerate(out):
-        if (k.__class__ is not str and k.__class__ is not bytes) or len(k) > MAX_KEY_BYTES // 4:
-            out[i] = _key(k, table)
+    # Checked in C (set of types, longest length); the per-key path runs only
+    # when some key needs converting, measuring or refusing.
+    if out and (
+        not _KEY_TYPES.issuperset(map(type, out)) or max(map(len, out)) > MAX_KEY_BYTES // 4
+    ):
+        out = [_key(k, table) for k in out]
     return out
 
 
