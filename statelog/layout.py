@@ -22,9 +22,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .errors import CorruptionError, FormatVersionError, NotAStoreError, StoreNotFoundError
+from .errors import (
+    CorruptionError,
+    FormatVersionError,
+    NotAStoreError,
+    StorageError,
+    StoreNotFoundError,
+)
 from .fileio import FileLayer
-from .wal_format import HEADER_SIZE, SEGMENT_SUFFIX, VERSION, SegmentHeader, segment_name
+from .wal_format import HEADER_SIZE, SEGMENT_SUFFIX, SegmentHeader, segment_name
 
 __all__ = ["IDENTITY", "SNAPSHOT_DIR", "WAL_DIR", "StoreLayout"]
 
@@ -33,6 +39,8 @@ WAL_DIR = "wal"
 SNAPSHOT_DIR = "snapshots"
 _KNOWN = {IDENTITY, "LOCK", WAL_DIR, SNAPSHOT_DIR, IDENTITY + ".tmp"}
 _KIND = "statelog-store"
+STORE_VERSION = 1
+"""Version of the directory layout and IDENTITY; segments carry their own format version."""
 
 
 @dataclass(frozen=True)
@@ -58,8 +66,7 @@ class StoreLayout:
 
         :raises NotAStoreError: a file, or a directory with foreign entries and no identity.
         """
-        if self.root.exists() and not self.root.is_dir():
-            raise NotAStoreError(f"{self.root} is not a directory")
+        self.check_is_directory()
         if self.root.is_dir() and not self.identity.exists():
             foreign = sorted(p.name for p in self.root.iterdir() if p.name not in _KNOWN)
             if foreign:
@@ -67,26 +74,39 @@ class StoreLayout:
                     f"{self.root} is not a statelog store (it holds {', '.join(foreign[:5])})"
                 )
 
-    def read_identity(self) -> uuid.UUID:
+    def check_is_directory(self) -> None:
+        """:raises NotAStoreError: the root, or the nearest existing parent, is not a directory."""
+        for p in (self.root, *self.root.parents):
+            if p.exists():
+                if not p.is_dir():
+                    raise NotAStoreError(f"{p} is not a directory")
+                return
+
+    def read_identity(self, files: FileLayer) -> uuid.UUID:
         """The store id from ``IDENTITY``.
 
         :raises StoreNotFoundError: no identity file.
         :raises FormatVersionError: a store format newer than this code reads.
         :raises CorruptionError: the identity file is unreadable.
+        :raises StorageError: an I/O error reading it (never taken for damage).
+        :raises NotAStoreError: the path is a file.
         """
+        self.check_is_directory()
         try:
-            raw = self.identity.read_bytes()
+            raw = files.read(self.identity)
         except FileNotFoundError:
             raise StoreNotFoundError(f"{self.root} holds no statelog store") from None
+        except OSError as exc:
+            raise StorageError(f"reading {self.identity} failed: {exc}", errno=exc.errno) from exc
         try:
             doc = json.loads(raw)
-            kind, version, sid = doc["kind"], int(doc["version"]), uuid.UUID(doc["store_id"])
-        except (ValueError, KeyError, TypeError) as exc:
+            kind, version, sid = doc["kind"], doc["version"], uuid.UUID(doc["store_id"])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptionError(self.identity, 0, f"unreadable identity file: {exc}") from exc
-        if kind != _KIND:
-            raise CorruptionError(self.identity, 0, f"identity names kind {kind!r}")
-        if version != VERSION:
-            raise FormatVersionError(self.identity, version, VERSION)
+        if kind != _KIND or not isinstance(version, int) or isinstance(version, bool):
+            raise CorruptionError(self.identity, 0, f"not a statelog identity: {doc!r:.200}")
+        if version != STORE_VERSION:
+            raise FormatVersionError(self.identity, version, STORE_VERSION)
         return sid
 
     def create(self, files: FileLayer) -> uuid.UUID:
@@ -120,7 +140,7 @@ class StoreLayout:
         files.create_durable(self.wal / segment_name(1, 1), first.pack())
         doc = {
             "kind": _KIND,
-            "version": VERSION,
+            "version": STORE_VERSION,
             "store_id": str(sid),
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
         }
@@ -128,11 +148,14 @@ class StoreLayout:
         return sid
 
     def remove_temp_files(self, files: FileLayer) -> list[Path]:
-        """Delete ``*.tmp`` left in ``wal/`` and ``snapshots/`` by a writer that died mid-create."""
-        gone = []
+        """Delete ``*.tmp`` left by a writer that died mid-create (wal/, snapshots/, IDENTITY)."""
+        gone: list[Path] = []
         for d in (self.wal, self.snapshots):
             if d.is_dir():
-                for p in d.glob("*.tmp"):
-                    files.remove(p)
-                    gone.append(p)
+                gone.extend(d.glob("*.tmp"))
+        stray = self.root / (IDENTITY + ".tmp")
+        if stray.exists():
+            gone.append(stray)
+        for p in gone:
+            files.remove(p)
         return gone

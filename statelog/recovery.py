@@ -20,6 +20,7 @@ corruption, and nothing is truncated because of it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -54,6 +55,7 @@ class LogEnd:
     sequence: int = 0  # sequence of the last segment kept (0: none)
     chain: int = 0  # crc the next frame or segment header must link to
     unsealed: Path | None = None  # last segment, if it still needs a SEAL frame
+    fresh: bool = False  # seal ``unsealed`` and continue in a new segment (after corruption)
 
 
 @dataclass(slots=True)
@@ -119,7 +121,7 @@ def recover_log(
         raise ResnapshotRequired(
             f"the log of {wal_dir.parent} is missing", [(wal_dir, "no segments")]
         )
-    if segments and segments[0][1] != state.epoch + 1:
+    if segments[0][1] != state.epoch + 1:
         raise ResnapshotRequired(
             f"the log in {wal_dir} begins at LSN {segments[0][1]} and no snapshot covers "
             f"epochs 1..{segments[0][1] - 1}",
@@ -141,7 +143,7 @@ def recover_log(
             later = [p for _, _, p in segments[i + 1 :]]
             if strict:
                 raise CorruptionError(path, offset, reason)
-            _corrupt(files, scan, data, offset, reason, later, end, prog, repair=repair)
+            _corrupt(files, store_id, scan, data, offset, reason, later, end, prog, repair=repair)
         break
     report = RecoveryReport(
         epoch=state.epoch,
@@ -174,6 +176,8 @@ def _check_and_apply(
 ) -> tuple[StopKind, int, str]:
     """Apply the scan's records in order; return the stop, widened by policy-level checks."""
     header = scan.header
+    if scan.stop.kind is not StopKind.CLEAN and scan.stop.offset == 0:
+        return scan.stop.kind, 0, scan.stop.reason  # the header itself was refused
     if header is not None:
         if (header.sequence, header.first_lsn) != (seq, lsn):
             return StopKind.CORRUPT, 0, "header disagrees with the file name"
@@ -186,20 +190,18 @@ def _check_and_apply(
         except msgspec.DecodeError as exc:
             return StopKind.CORRUPT, rec.offset, f"verified frame holds no commit record: {exc}"
         if decoded.epoch != state.epoch + 1:
-            return (
-                StopKind.CORRUPT,
-                rec.offset,
-                (f"epoch {decoded.epoch} where {state.epoch + 1} was expected"),
-            )
+            why = f"epoch {decoded.epoch} where {state.epoch + 1} was expected"
+            return StopKind.CORRUPT, rec.offset, why
+        if any(len(t.keys) != len(t.values) for t in decoded.tables):
+            return StopKind.CORRUPT, rec.offset, "record has more keys than values or fewer"
         state.apply_record(decoded)
         prog.replayed += 1
         end.chain = rec.crc
     if scan.sealed_lsn is not None and scan.sealed_lsn != state.epoch:
-        return (
-            StopKind.CORRUPT,
-            scan.end,
-            f"seal names LSN {scan.sealed_lsn}, log holds {state.epoch}",
-        )
+        assert scan.seal_offset is not None
+        why = f"seal names LSN {scan.sealed_lsn}, the segment ends at {state.epoch}"
+        scan.sealed_lsn = None  # cutting at the seal removes it with the damage
+        return StopKind.CORRUPT, scan.seal_offset, why
     end.chain = scan.end_crc
     return scan.stop.kind, scan.stop.offset, scan.stop.reason
 
@@ -265,6 +267,7 @@ def _cut(
 
 def _corrupt(
     files: FileLayer,
+    store_id: uuid.UUID,
     scan: SegmentScan,
     data: bytes,
     offset: int,
@@ -282,7 +285,8 @@ def _corrupt(
     prog.rejected.extend(Rejection(p, None, f"after damage in {path.name}") for p in later)
     # A damaged region larger than a SEAL frame held at least one commit.
     floor = epoch + 1 if scan.size - max(offset, HEADER_SIZE) > SEAL_FRAME_SIZE else epoch
-    highest = max(_salvage_epochs(files, scan, data, offset, later), default=floor)
+    salvaged = _salvage_epochs(files, store_id, scan, data, offset, later)
+    highest = max((e for e in salvaged if e > epoch), default=floor)
     prog.lost = range(epoch + 1, max(highest, floor) + 1)
     lost = f"{prog.lost.start}-{prog.lost.stop - 1}" if prog.lost else "none-found"
     log.critical(
@@ -310,28 +314,48 @@ def _corrupt(
     if scan.header is not None and offset > 0:
         end.sequence = scan.header.sequence
         end.unsealed = path if scan.sealed_lsn is None else None
+    end.fresh = True
     # else the whole segment went aside: the writer continues from the one before.
 
 
 def _salvage_epochs(
-    files: FileLayer, scan: SegmentScan, data: bytes, offset: int, later: list[Path]
+    files: FileLayer,
+    store_id: uuid.UUID,
+    scan: SegmentScan,
+    data: bytes,
+    offset: int,
+    later: list[Path],
 ) -> list[int]:
-    """Epochs of commits still intact past the damage: evidence for ``lost_epochs`` only."""
-    store_id = scan.header.store_id if scan.header else None
-    found: list[int] = []
-    sources: list[tuple[bytes, int]] = [(data, max(offset, 64))] if store_id else []
+    """Epochs of this store's commits still intact past the damage: evidence for ``lost_epochs``.
+
+    Frames are taken when they verify on their own, fragments reassembled;
+    nothing found here is ever applied.
+    """
+    sources: list[bytes | memoryview] = []
+    # A segment whose header is unreadable still sits in our wal/ under our
+    # name: its frames count, but only for epochs past the recovered one.
+    if scan.header is None or scan.header.store_id == store_id:
+        sources.append(memoryview(data)[max(offset, HEADER_SIZE) :])
     for p in later:
         try:
             more = files.read(p)
         except OSError:
             continue
         if SegmentHeader.crc_ok(more) and SegmentHeader.unpack(more).store_id == store_id:
-            sources.append((more, 64))
-    for blob, start in sources:
-        for _, ftype, payload in salvage_frames(blob, start):
-            if ftype == FrameType.FULL:
-                try:
-                    found.append(decode_record(payload).epoch)
-                except msgspec.DecodeError:
-                    continue
+            sources.append(memoryview(more)[HEADER_SIZE:])
+    found: list[int] = []
+    for blob in sources:
+        parts: list[memoryview] = []
+        for _, ftype, payload in salvage_frames(blob, 0):
+            if ftype in (FrameType.FULL, FrameType.FIRST):
+                parts = [payload]
+            elif ftype in (FrameType.MIDDLE, FrameType.LAST) and parts:
+                parts.append(payload)
+            else:
+                parts = []
+                continue
+            if ftype in (FrameType.FULL, FrameType.LAST):
+                with contextlib.suppress(msgspec.DecodeError):
+                    found.append(decode_record(b"".join(parts)).epoch)
+                parts = []
     return found

@@ -20,6 +20,7 @@ from .errors import (
     InvalidCommitError,
     InvalidOptionError,
     ReadOnlyStoreError,
+    StatelogError,
     StorageError,
     StoreClosedError,
 )
@@ -31,7 +32,7 @@ from .records import CommitRecord, TableDelta, decode_value, encode_record
 from .recovery import recover_log
 from .state import Key, LiveState
 from .transaction import Transaction
-from .validate import check_offsets, check_watermark, table_delta
+from .validate import ENCODE_ERRORS, check_offsets, check_watermark, table_delta
 from .wal_writer import WalWriter
 
 __all__ = ["Durability", "StateStore", "open"]
@@ -85,6 +86,9 @@ class StateStore:
         if fragment_bytes is None:
             fragment_bytes = min(_MiB, segment_bytes) if isinstance(segment_bytes, int) else _MiB
         _check_options(durability, group_delay, segment_bytes, fragment_bytes, max_record_bytes)
+        for name, flag in (("readonly", readonly), ("strict", strict)):
+            if not isinstance(flag, bool):
+                raise InvalidOptionError(f"{name}={flag!r}", hint="pass True or False")
         self.path = Path(path)
         self.readonly = readonly
         self._durability = durability
@@ -98,10 +102,17 @@ class StateStore:
         self._writer_lock: StoreLock | None = None
         self._group: GroupCommitter | None = None
         if readonly:
-            self.store_id = self._layout.read_identity()
+            self.store_id = self._layout.read_identity(self._files)
+            # Changes nothing; truncated_bytes counts the unfinished tail it ignored.
             self.recovery, _ = recover_log(
-                self._files, self._layout.wal, self.store_id, self._state, repair=False
+                self._files,
+                self._layout.wal,
+                self.store_id,
+                self._state,
+                repair=False,
+                strict=strict,
             )
+            self._synced_epoch = self._state.epoch
             self._wal: WalWriter | None = None
             return
         self._layout.check_can_host()
@@ -118,7 +129,7 @@ class StateStore:
     ) -> None:
         layout = self._layout
         if layout.identity.exists():
-            self.store_id = layout.read_identity()
+            self.store_id = layout.read_identity(self._files)
         else:
             self.store_id = layout.create(self._files)
             log.info("store=%s event=store_created store_id=%s", self.path, self.store_id)
@@ -136,14 +147,17 @@ class StateStore:
         )
         epoch = self._state.epoch
         try:
-            if end.unsealed is not None:
+            if end.unsealed is None:
+                wal.start_segment(end.sequence + 1, epoch + 1, end.chain)
+            else:
                 # Verified (and cut back past any torn tail) by recovery: append to it.
                 wal.adopt(end.unsealed, end.sequence, epoch + 1, end.chain)
-            else:
-                wal.start_segment(end.sequence + 1, epoch + 1, end.chain)
+                if end.fresh:
+                    wal.roll()  # after corruption the log goes on in a new segment
         except OSError as exc:
-            raise StorageError(f"starting a new segment in {layout.wal} failed: {exc}") from exc
+            raise StorageError(f"continuing the log in {layout.wal} failed: {exc}") from exc
         self._wal = wal
+        self._synced_epoch = epoch
         if self._durability == "group":
             self._group = GroupCommitter(self._group_sync, group_delay.total_seconds(), epoch)
         r = self.recovery
@@ -158,6 +172,11 @@ class StateStore:
             len(r.lost_epochs),
             r.seconds,
         )
+
+    @staticmethod
+    def open(path: str | Path, **options: Any) -> StateStore:
+        """Alias of :func:`statelog.open`."""
+        return open(path, **options)
 
     # -- context manager -------------------------------------------------
     def __enter__(self) -> StateStore:
@@ -217,14 +236,20 @@ class StateStore:
         if group is not None and group.failure is not None:
             raise group.failure
         epoch = self._state.epoch + 1
-        payload = encode_record(CommitRecord(epoch, offsets, wm, deltas))
+        try:
+            payload = encode_record(CommitRecord(epoch, offsets, wm, deltas))
+        except ENCODE_ERRORS as exc:  # e.g. a lone surrogate in a name
+            raise InvalidCommitError(f"the commit cannot be encoded: {exc}") from exc
         if len(payload) > self._max_record:
             raise InvalidCommitError(
                 f"commit record is {len(payload)} bytes, over max_record_bytes={self._max_record}",
                 hint="split the commit into smaller ones or raise max_record_bytes",
             )
         assert self._wal is not None
-        self._wal.append(payload, sync=self._durability == "commit")
+        sync = self._durability == "commit"
+        self._wal.append(payload, sync=sync)
+        if sync:
+            self._synced_epoch = epoch
         with self._view:
             self._state.apply(
                 epoch, offsets, wm, ((d.name, d.keys, d.values, d.deletes) for d in deltas)
@@ -238,6 +263,8 @@ class StateStore:
             f = self._wal.active_file if self._wal is not None else None
             handle = f.dup() if f is not None and not f.closed else None
         if handle is None:
+            if self._wal is not None and self._wal.poisoned:
+                raise StorageError(f"the log writer failed: {self._wal.poisoned}")
             return  # rolled or closed: sealing synced it
         try:
             handle.sync()
@@ -259,7 +286,9 @@ class StateStore:
                 raise self._group.failure
         elif self._durability == "none" and self._wal is not None:
             with self._lock:
-                self._wal.sync()
+                if not self._closed:
+                    self._wal.sync()
+                self._synced_epoch = self._state.epoch
 
     def wait_durable(self, epoch: int, timeout: timedelta | float | None = None) -> bool:
         """Block until commit ``epoch`` is durable; False if ``timeout`` passed first.
@@ -275,10 +304,10 @@ class StateStore:
 
     @property
     def durable_epoch(self) -> int:
-        """The highest epoch known to be durable."""
+        """The highest epoch known to be synced to disk (for a read-only store: its epoch)."""
         if self._group is not None:
             return self._group.durable
-        return self._state.epoch
+        return self._synced_epoch
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -346,6 +375,7 @@ class StateStore:
                         self._wal.close()
                     else:
                         self._wal.seal()
+                        self._synced_epoch = self._state.epoch
             finally:
                 if self._writer_lock is not None:
                     self._writer_lock.release()
@@ -372,6 +402,14 @@ def open(path: str | Path, **options: Any) -> StateStore:
         if "unexpected keyword argument" in str(exc):
             raise InvalidOptionError(str(exc)) from None
         raise
+    except StatelogError:
+        raise
+    except OSError as exc:  # permissions, a read-only file system, ...
+        raise StorageError(
+            f"opening {path} failed: {exc}",
+            errno=exc.errno,
+            hint="check that the path is a writable directory; nothing was changed",
+        ) from exc
 
 
 def _check_options(
@@ -392,6 +430,3 @@ def _check_options(
             raise InvalidOptionError(f"{name}={value!r}", hint=f"an int from {low} to 2**32-1")
     if fragment > segment:
         raise InvalidOptionError("fragment_bytes is larger than segment_bytes")
-
-
-StateStore.open = staticmethod(open)  # type: ignore[attr-defined]

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidCommitError, StoreClosedError
+from .errors import InvalidCommitError
 from .records import TableDelta, encode_value
 from .state import Key
-from .validate import table_delta
+from .validate import ENCODE_ERRORS, check_key, check_offsets, table_delta
 
 if TYPE_CHECKING:
     from .store import StateStore
@@ -56,10 +56,10 @@ class Transaction:
         """
         self._check_open()
         t = self._table(table)
-        k = table_delta(table, {key: None}, ()).keys[0]
+        k = check_key(key, table)
         try:
             t[k] = encode_value(value)
-        except (TypeError, ValueError, OverflowError) as exc:
+        except ENCODE_ERRORS as exc:
             raise InvalidCommitError(
                 f"value of key {key!r} in table {table!r} cannot be encoded as msgpack: {exc}"
             ) from exc
@@ -68,17 +68,23 @@ class Transaction:
         """Stage the deletion of ``key`` from ``table`` (absent keys are fine)."""
         self._check_open()
         t = self._table(table)
-        k = table_delta(table, {}, (key,)).deletes[0]
-        t[k] = _DELETED
+        t[check_key(key, table)] = _DELETED
 
     def set_offset(self, partition: str, offset: int) -> None:
-        """Stage an offset advance (checked against committed offsets at commit)."""
+        """Stage an offset advance.
+
+        :raises InvalidCommitError: a bad partition or offset, or an offset
+            below the committed one (checked now, and again at commit).
+        """
         self._check_open()
-        self.offsets[partition] = offset
+        checked = check_offsets({partition: offset}, self._store.offsets)
+        self.offsets.update(checked)
 
     def _check_open(self) -> None:
         if self._done:
-            raise StoreClosedError("the transaction has already ended", hint="start a new one")
+            raise InvalidCommitError(
+                "the transaction has already ended", hint="start a new store.transaction()"
+            )
 
     def commit(self) -> int:
         """Commit now (the ``with`` block does this on a clean exit); returns the epoch."""

@@ -15,13 +15,30 @@ from .errors import InvalidCommitError
 from .records import TableDelta, encode_value
 from .state import Key
 
-__all__ = ["MAX_KEY_BYTES", "check_offsets", "check_watermark", "table_delta"]
+__all__ = [
+    "ENCODE_ERRORS",
+    "MAX_KEY_BYTES",
+    "check_key",
+    "check_offsets",
+    "check_watermark",
+    "table_delta",
+]
 
 MAX_KEY_BYTES = 500
 """Longest key in bytes (UTF-8 for str). LMDB, the base level, caps keys at 511 bytes."""
 
 MAX_TABLE_NAME = 200
 _KEY_TYPES = frozenset((str, bytes))
+ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
+"""What msgspec raises for a value it cannot encode (RecursionError: cycles, deep nesting)."""
+
+
+def check_key(k: Any, table: str) -> Key:
+    """One key, validated and normalised to plain str or bytes.
+
+    :raises InvalidCommitError: not str/bytes, or longer than MAX_KEY_BYTES.
+    """
+    return _key(k, table)
 
 
 def _key(k: Any, table: str) -> Key:
@@ -82,14 +99,20 @@ def table_delta(name: Any, put: Mapping[Any, Any], delete: Iterable[Any]) -> Tab
     keys = _strict_keys(put.keys(), name)
     try:
         values = [encode_value(v) for v in put.values()]
-    except (TypeError, ValueError, OverflowError) as exc:
+    except ENCODE_ERRORS as exc:
         bad = next(k for k, v in put.items() if not _encodes(v))
         raise InvalidCommitError(
             f"value of key {bad!r} in table {name!r} cannot be encoded as msgpack: {exc}",
             hint="store only msgpack-able values (None, bool, int, float, str, bytes, "
             "lists, dicts, datetimes); nothing was written",
         ) from exc
-    deletes = _strict_keys(delete, name)
+    try:
+        deletes = _strict_keys(delete, name)
+    except TypeError:
+        raise InvalidCommitError(
+            f"delete= must be an iterable of keys, not {type(delete).__name__}",
+            hint="pass a tuple or list: delete=(key,)",
+        ) from None
     if deletes and keys:
         both = set(deletes).intersection(keys)
         if both:
@@ -103,7 +126,7 @@ def table_delta(name: Any, put: Mapping[Any, Any], delete: Iterable[Any]) -> Tab
 def _encodes(v: Any) -> bool:
     try:
         encode_value(v)
-    except (TypeError, ValueError, OverflowError):
+    except ENCODE_ERRORS:
         return False
     return True
 

@@ -81,6 +81,7 @@ class SegmentScan:
     header: SegmentHeader | None
     records: list[Record] = field(default_factory=list)
     sealed_lsn: int | None = None  # the last LSN named by the SEAL frame, if sealed
+    seal_offset: int | None = None  # where the SEAL frame starts
     stop: Stop = Stop(StopKind.CLEAN, 0, "")
     end_crc: int = 0  # chain value after the last verified frame (records or seal)
 
@@ -113,8 +114,8 @@ def _parse_frame(data: memoryview, off: int) -> tuple[_Frame | None, str, bool]:
         return None, f"partial frame header ({size - off} of {FRAME_HEADER_SIZE} bytes)", True
     crc, length, ftype, pad, reserved, prev = FRAME_HEADER.unpack_from(data, off)
     if not 1 <= ftype <= FrameType.SEAL or reserved or pad != padding(length):
-        # A zeroed header is space the write never reached (an unwritten sector).
-        zeros = not any(data[off : off + FRAME_HEADER_SIZE])
+        # A header with a zeroed sector is space the write never reached.
+        zeros = _has_zero_sector(data, off, min(size, off + FRAME_HEADER_SIZE))
         return None, f"invalid frame header (type={ftype} pad={pad} reserved={reserved})", zeros
     end = off + FRAME_HEADER_SIZE + length + pad
     if end > size:
@@ -169,12 +170,16 @@ def scan_segment(
     :param prev_crc: the chain value the header must carry (None: any).
     :param is_last: whether this is the newest segment, the only one that
         may end in a torn write.
-    :raises FormatVersionError: the header names a version this code does not read.
+    :raises FormatVersionError: the magic matches and the version field names a
+        version this code does not read (nothing is judged damaged).
     """
     view = memoryview(data)
-    scan = SegmentScan(path, len(data), None)
+    # Until the header verifies, the chain value is the one the caller expects.
+    scan = SegmentScan(path, len(data), None, end_crc=prev_crc or 0)
     version = SegmentHeader.peek_version(view)
-    if version is not None and version != VERSION and SegmentHeader.crc_ok(view):
+    if version is not None and version != VERSION:
+        # Another version may lay its header out differently, so its checksum
+        # cannot be judged here: refuse to read rather than call it damage.
         raise FormatVersionError(path, version, VERSION)
     if version is None or not SegmentHeader.crc_ok(view):
         kind = StopKind.TORN if is_last and not any(view) else StopKind.CORRUPT
@@ -235,6 +240,7 @@ def _scan_frames(scan: SegmentScan, view: memoryview, chain: int, is_last: bool)
         chain = frame.crc
         if ftype == FrameType.SEAL:
             scan.sealed_lsn = int(SEAL_PAYLOAD.unpack_from(frame.payload)[0])
+            scan.seal_offset = off
             scan.end_crc = chain
             record_start = off = frame.end
             continue

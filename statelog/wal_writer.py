@@ -13,6 +13,7 @@ reopened and recovery has re-read the log.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import uuid
@@ -59,6 +60,7 @@ class WalWriter:
         self.next_lsn = 1
         self.poisoned: str | None = None
         self._roll_pending = False
+        self._unsynced = False  # records appended since the last sync the writer made
 
     @property
     def active_path(self) -> Path | None:
@@ -125,34 +127,59 @@ class WalWriter:
         ``segment_bytes`` (or after a failed sync). Fragments of one record
         never span two segments.
 
-        :raises StorageError: the write or the sync failed. The file was cut
-            back to its previous length; the record will not be replayed.
+        :raises StorageError: the roll, the write or the sync failed. The file
+            was cut back to its previous length; the record will not be replayed.
         """
-        if self.poisoned:
-            raise StorageError(
-                f"the log writer stopped after an earlier failure: {self.poisoned}",
-                hint="close and reopen the store; recovery re-reads the log",
-            )
+        self._check_usable()
         f = self._file
         if f is None or self._roll_pending or f.size >= self._segment_bytes:
             self.roll()
             f = self._file
             assert f is not None
         chunks, crc = self._frames(payload)
+        self._write(f, chunks, sync=sync, what="append")
+        self.last_crc = crc
+        self.next_lsn += 1
+
+    def _check_usable(self) -> None:
+        if self.poisoned:
+            raise StorageError(
+                f"the log writer stopped after an earlier failure: {self.poisoned}",
+                hint="close and reopen the store; recovery re-reads the log",
+            )
+
+    def _write(self, f: AppendFile, chunks: list[Buffer], *, sync: bool, what: str) -> None:
+        """Write (and sync) ``chunks`` at the end of ``f``, or leave ``f`` as it was.
+
+        Any exception, an interrupt included, rolls the bytes back, so a
+        record that was not acknowledged never reappears on replay.
+        """
         before = f.size
         try:
             f.write(chunks)
             if sync:
                 f.sync()
-        except OSError as exc:
+        except BaseException as exc:
             self._rollback(f, before, exc, synced=sync)
-            raise StorageError(
-                f"append to {f.path.name} failed: {exc.strerror or exc}", errno=exc.errno
-            ) from exc
-        self.last_crc = crc
-        self.next_lsn += 1
+            if isinstance(exc, OSError):
+                raise StorageError(
+                    f"{what} to {f.path.name} failed: {exc.strerror or exc}", errno=exc.errno
+                ) from exc
+            raise
+        if sync:
+            self._unsynced = False
+        else:
+            self._unsynced = True
 
-    def _rollback(self, f: AppendFile, size: int, exc: OSError, *, synced: bool) -> None:
+    def _rollback(self, f: AppendFile, size: int, exc: BaseException, *, synced: bool) -> None:
+        if synced and self._unsynced:
+            # The failed sync was also the only sync of earlier records
+            # (group or no durability): they may be gone from the page cache,
+            # so only a reopen can tell what is durable.
+            self._poison(f, f"sync failed with unsynced records before it: {exc}")
+            with contextlib.suppress(OSError):
+                f.truncate(size)
+            return
         try:
             f.truncate(size)
             if synced:
@@ -161,13 +188,11 @@ class WalWriter:
                 f.sync()
                 self._roll_pending = True
         except OSError as again:
-            self.poisoned = f"{exc}; rollback failed: {again}"
-            log.critical(
-                "segment=%s event=writer_poisoned error=%r rollback_error=%r",
-                f.path.name,
-                exc,
-                again,
-            )
+            self._poison(f, f"{exc}; rollback failed: {again}")
+
+    def _poison(self, f: AppendFile, why: str) -> None:
+        self.poisoned = why
+        log.critical("segment=%s event=writer_poisoned reason=%r", f.path.name, why)
 
     def sync(self) -> None:
         """fdatasync the active segment.
@@ -181,37 +206,41 @@ class WalWriter:
         try:
             f.sync()
         except OSError as exc:
-            self.poisoned = f"sync failed: {exc}"
+            self._poison(f, f"sync failed: {exc}")
             raise StorageError(f"sync of {f.path.name} failed: {exc}", errno=exc.errno) from exc
+        self._unsynced = False
 
     def seal(self) -> None:
         """Append a SEAL frame naming the last LSN, fsync, and close the segment.
 
-        A sealed segment is immutable: the compactor may read it.
+        A sealed segment is immutable: the compactor may read it. If the
+        write fails the segment stays open and unsealed, so a later roll or
+        close tries again.
+
+        :raises StorageError: the write or the sync failed.
         """
         f = self._file
         if f is None:
             return
+        self._check_usable()
         payload = SEAL_PAYLOAD.pack(self.next_lsn - 1)
         header = pack_frame_header(FrameType.SEAL, payload, self.last_crc)
         chunks: list[Buffer] = [header, payload]
         pad = padding(len(payload))
         if pad:
             chunks.append(_ZEROS[:pad])
-        try:
-            f.write(chunks)
-            f.sync()
-        except OSError as exc:
-            self._rollback(f, f.size, exc, synced=True)
-            raise StorageError(f"sealing {f.path.name} failed: {exc}", errno=exc.errno) from exc
-        finally:
-            f.close()
-            self._file = None
+        self._write(f, chunks, sync=True, what="seal")
+        f.close()
+        self._file = None
         self.last_crc = struct.unpack_from("<I", header)[0]
         log.info("segment=%s event=segment_sealed last_lsn=%d", f.path.name, self.next_lsn - 1)
 
     def roll(self) -> None:
-        """Seal the active segment and start the next one, chained to it."""
+        """Seal the active segment and start the next one, chained to it.
+
+        :raises StorageError: sealing or creating the next segment failed;
+            a later append retries the roll.
+        """
         f = self._file
         if f is not None and not self._roll_pending:
             self.seal()
@@ -220,7 +249,13 @@ class WalWriter:
             # write to it again; the new segment's header carries the chain.
             f.close()
             self._file = None
-        self.start_segment(self.sequence + 1, self.next_lsn, self.last_crc)
+        try:
+            self.start_segment(self.sequence + 1, self.next_lsn, self.last_crc)
+        except OSError as exc:
+            raise StorageError(
+                f"creating segment {self.sequence + 1} failed: {exc.strerror or exc}",
+                errno=exc.errno,
+            ) from exc
 
     def close(self) -> None:
         """Close without sealing (used when the writer was poisoned)."""
