@@ -371,7 +371,9 @@ class StateStore:
         with self._lock:
             try:
                 if self._wal is not None:
-                    if self._wal.poisoned:
+                    # After a failed sync a seal could vouch for records the
+                    # kernel dropped: leave the segment to recovery instead.
+                    if self._wal.poisoned or (self._group and self._group.failure):
                         self._wal.close()
                     else:
                         self._wal.seal()

@@ -145,7 +145,8 @@ class WalWriter:
         if self.poisoned:
             raise StorageError(
                 f"the log writer stopped after an earlier failure: {self.poisoned}",
-                hint="close and reopen the store; recovery re-reads the log",
+                hint="close and reopen the store: recovery re-reads the log; the failed "
+                "commit may or may not be there, so check store.epoch before retrying",
             )
 
     def _write(self, f: AppendFile, chunks: list[Buffer], *, sync: bool, what: str) -> None:
