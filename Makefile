@@ -22,7 +22,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check statelog compactor
 
 typecheck: $(STAMP)
-	$(PY) -m mypy --strict statelog compactor
+	$(PY) -m mypy --strict statelog compactor benchmarks
 
 unit: $(STAMP)
 	$(PY) -m pytest -q -n 2 tests

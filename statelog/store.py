@@ -40,6 +40,8 @@ __all__ = ["Durability", "StateStore", "open"]
 log = logging.getLogger("statelog.store")
 
 Durability = Literal["commit", "group", "none"]
+Puts = Mapping[str, Any] | Mapping[bytes, Any] | Mapping[Key, Any]
+"""What ``put=`` accepts: a mapping from str keys, bytes keys, or both (Mapping is invariant)."""
 _EMPTY: Mapping[Any, Any] = types.MappingProxyType({})
 _MiB = 1 << 20
 
@@ -191,7 +193,7 @@ class StateStore:
         *,
         offsets: Mapping[str, int],
         low_watermark_ms: int,
-        put: Mapping[Key, Any] = _EMPTY,
+        put: Puts = _EMPTY,
         delete: Iterable[Key] = (),
         table: str = "default",
     ) -> int:

@@ -117,14 +117,20 @@ def build_store(path: Path, commits: Iterable[Commit], **options: Any) -> list[d
             prev = models[-1]
             offsets = c.offsets if c.offsets is not None else {"p0": i}
             wm = c.watermark if c.watermark is not None else i * 10
-            store.commit(offsets=offsets, low_watermark_ms=wm, put=c.put, delete=c.delete, table=c.table)
+            store.commit(
+                offsets=offsets, low_watermark_ms=wm, put=c.put, delete=c.delete, table=c.table
+            )
             tables = {t: dict(kv) for t, kv in prev["tables"].items()}
             t = tables.setdefault(c.table, {})
             for k in c.delete:
                 t.pop(k, None)
             t.update(c.put)
             models.append(
-                {"offsets": {**prev["offsets"], **offsets}, "low_watermark_ms": wm, "tables": tables}
+                {
+                    "offsets": {**prev["offsets"], **offsets},
+                    "low_watermark_ms": wm,
+                    "tables": tables,
+                }
             )
     return models
 

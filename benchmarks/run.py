@@ -1,0 +1,192 @@
+"""Run every strategy side by side and rewrite docs/benchmarks.md.
+
+    python benchmarks/run.py --quick            # 10k and 100k keys, < 2 minutes
+    python benchmarks/run.py --full             # 10k, 100k and 1M keys
+    python benchmarks/run.py --full --out docs/benchmarks.md
+
+Each (strategy, state size) is measured in its own spawned interpreter, one
+after the other, then an instrumented pass profiles statelog's commit path
+at the largest size. The other options exist for experiments and for the
+smoke test (tiny sizes); the report records the exact command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.measure import RunResult, RunSpec, measure_isolated  # noqa: E402
+from benchmarks.profile_commit import Breakdown, profile_isolated  # noqa: E402
+from benchmarks.report import Report, machine_info, python_command, render  # noqa: E402
+from benchmarks.strategies import JsonSnapshotStrategy, StatelogStrategy  # noqa: E402
+from benchmarks.workload import DEFAULT_SEED  # noqa: E402
+
+__all__ = ["FULL", "QUICK", "Plan", "main", "run"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes and repetitions of one benchmark run."""
+
+    mode: str
+    sizes: tuple[int, ...]
+    updates: int = 10_000
+    statelog_checkpoints: int = 40
+    json_checkpoints: int | None = None
+    """None: by size (a full snapshot of 1M keys takes seconds)."""
+    warmup: int = 3
+    profile_commits: int = 20
+    seed: int = DEFAULT_SEED
+
+    def json_count(self, keys: int) -> int:
+        if self.json_checkpoints is not None:
+            return self.json_checkpoints
+        if self.mode == "quick":
+            return 10
+        return 50 if keys <= 10_000 else 30 if keys <= 100_000 else 15
+
+    def specs(self, base_dir: str | None) -> list[RunSpec]:
+        out = []
+        for keys in self.sizes:
+            for name, count in (
+                (JsonSnapshotStrategy.name, self.json_count(keys)),
+                (StatelogStrategy.name, self.statelog_checkpoints),
+            ):
+                warmup = min(self.warmup, 2) if name == JsonSnapshotStrategy.name else self.warmup
+                out.append(RunSpec(name, keys, self.updates, count, warmup, self.seed, base_dir))
+        return out
+
+
+QUICK = Plan("quick", (10_000, 100_000), statelog_checkpoints=40, profile_commits=20)
+FULL = Plan("full", (10_000, 100_000, 1_000_000), statelog_checkpoints=300, profile_commits=50)
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(plan: Plan, base_dir: str | None) -> tuple[list[RunResult], list[Breakdown]]:
+    """Measure every spec of ``plan`` in a fresh process each, then profile statelog's commit.
+
+    The profile runs at the smallest and the largest size, so the report can
+    show which steps grow with the state.
+    """
+    results: list[RunResult] = []
+    for spec in plan.specs(base_dir):
+        _log(
+            f"[bench] {spec.strategy} at {spec.state_keys:,} keys: "
+            f"{spec.checkpoints} checkpoints of {spec.updates:,} updates ..."
+        )
+        result = measure_isolated(spec)
+        s = result.summary()
+        _log(
+            f"[bench]   p50 {s.p50 * 1e3:.2f} ms, p99 {s.p99 * 1e3:.2f} ms, "
+            f"{s.updates_per_s:,.0f} updates/s, {s.bytes_per_checkpoint:,.0f} B/checkpoint "
+            f"(load {result.load_seconds:.1f} s)"
+        )
+        results.append(result)
+    breakdowns: list[Breakdown] = []
+    if plan.profile_commits > 0:
+        for keys in sorted({min(plan.sizes), max(plan.sizes)}):
+            _log(f"[bench] profiling {plan.profile_commits} statelog commits at {keys:,} keys ...")
+            breakdowns.append(
+                profile_isolated(
+                    keys, plan.updates, plan.profile_commits, seed=plan.seed, base_dir=base_dir
+                )
+            )
+    return results, breakdowns
+
+
+def _loadavg(avg: tuple[float, float, float]) -> str:
+    return " / ".join(f"{x:.2f}" for x in avg)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(s.replace("_", "")) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of ints: {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError("sizes must be positive")
+    return sizes
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        description="Durable checkpoints: statelog vs the seed-style full JSON snapshot.",
+    )
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--quick", action="store_true", help="10k and 100k keys, few repetitions")
+    mode.add_argument("--full", action="store_true", help="10k, 100k and 1M keys")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "docs" / "benchmarks.md",
+        help="report to write (default: docs/benchmarks.md)",
+    )
+    ap.add_argument("--dir", default=None, help="where stores are created (default: temp dir)")
+    ap.add_argument("--sizes", type=_sizes, help="override the state sizes, e.g. 10000,100000")
+    ap.add_argument("--updates", type=int, help="updates per checkpoint (default 10000)")
+    ap.add_argument("--checkpoints", type=int, help="measured statelog checkpoints per size")
+    ap.add_argument("--json-checkpoints", type=int, help="measured JSON checkpoints per size")
+    ap.add_argument("--warmup", type=int, help="unmeasured checkpoints first")
+    ap.add_argument("--profile-commits", type=int, help="instrumented commits (0: no profile)")
+    ap.add_argument("--seed", type=int, help=f"workload seed (default {DEFAULT_SEED})")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(args_list)
+    plan = QUICK if args.quick else FULL
+    overrides = {
+        "sizes": args.sizes,
+        "updates": args.updates,
+        "statelog_checkpoints": args.checkpoints,
+        "json_checkpoints": args.json_checkpoints,
+        "warmup": args.warmup,
+        "profile_commits": args.profile_commits,
+        "seed": args.seed,
+    }
+    plan = replace(plan, **{k: v for k, v in overrides.items() if v is not None})
+    if plan.updates > min(plan.sizes):
+        _parser().error(f"--updates {plan.updates} is larger than the smallest state size")
+
+    started = dt.datetime.now(dt.UTC)
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    results, breakdowns = run(plan, args.dir)
+    machine = machine_info(Path(args.dir or tempfile.gettempdir()))
+    load_after = os.getloadavg()
+    machine["load average (1, 5, 15 min)"] = (
+        f"{_loadavg(load_before)} at the start, {_loadavg(load_after)} at the end"
+    )
+    report = Report(
+        command=python_command(["benchmarks/run.py", *args_list]),
+        mode=plan.mode,
+        results=results,
+        breakdowns=breakdowns,
+        machine=machine,
+        started=started,
+        seconds=time.perf_counter() - t0,
+    )
+    out: Path = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(report))
+    _log(f"[bench] wrote {out} in {report.seconds:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
