@@ -32,7 +32,7 @@ from .records import CommitRecord, TableDelta, decode_value, encode_record
 from .recovery import recover_log
 from .state import Key, LiveState
 from .transaction import Transaction
-from .validate import ENCODE_ERRORS, check_offsets, check_watermark, table_delta
+from .validate import ENCODE_ERRORS, check_offsets, check_options, check_watermark, table_delta
 from .wal_writer import WalWriter
 
 __all__ = ["Durability", "StateStore", "open"]
@@ -87,7 +87,7 @@ class StateStore:
         """
         if fragment_bytes is None:
             fragment_bytes = min(_MiB, segment_bytes) if isinstance(segment_bytes, int) else _MiB
-        _check_options(durability, group_delay, segment_bytes, fragment_bytes, max_record_bytes)
+        check_options(durability, group_delay, segment_bytes, fragment_bytes, max_record_bytes)
         for name, flag in (("readonly", readonly), ("strict", strict)):
             if not isinstance(flag, bool):
                 raise InvalidOptionError(f"{name}={flag!r}", hint="pass True or False")
@@ -414,23 +414,3 @@ def open(path: str | Path, **options: Any) -> StateStore:
             errno=exc.errno,
             hint="check that the path is a writable directory; nothing was changed",
         ) from exc
-
-
-def _check_options(
-    durability: Any, delay: Any, segment: Any, fragment: Any, max_record: Any
-) -> None:
-    if durability not in ("commit", "group", "none"):
-        raise InvalidOptionError(
-            f"durability={durability!r}", hint='use "commit", "group" or "none"'
-        )
-    if not isinstance(delay, timedelta) or not timedelta(0) < delay <= timedelta(seconds=10):
-        raise InvalidOptionError(f"group_delay={delay!r}", hint="a timedelta in (0, 10 s]")
-    for name, value, low in (
-        ("segment_bytes", segment, 4096),
-        ("fragment_bytes", fragment, 64),
-        ("max_record_bytes", max_record, 64),
-    ):
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 1 << 32:
-            raise InvalidOptionError(f"{name}={value!r}", hint=f"an int from {low} to 2**32-1")
-    if fragment > segment:
-        raise InvalidOptionError("fragment_bytes is larger than segment_bytes")

@@ -9,9 +9,10 @@ live state and (later) the base snapshot.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import timedelta
 from typing import Any
 
-from .errors import InvalidCommitError
+from .errors import InvalidCommitError, InvalidOptionError
 from .records import TableDelta, encode_value
 from .state import Key
 
@@ -20,6 +21,7 @@ __all__ = [
     "MAX_KEY_BYTES",
     "check_key",
     "check_offsets",
+    "check_options",
     "check_watermark",
     "table_delta",
 ]
@@ -175,3 +177,28 @@ def check_watermark(wm: Any, current: int) -> int:
             hint="the low watermark only advances; pass store.low_watermark_ms to keep it",
         )
     return int(wm)
+
+
+def check_options(
+    durability: Any, delay: Any, segment: Any, fragment: Any, max_record: Any
+) -> None:
+    """Validate the options of ``statelog.open`` before anything is touched.
+
+    :raises InvalidOptionError: an unknown durability, a delay outside (0, 10 s],
+        or a size out of range.
+    """
+    if durability not in ("commit", "group", "none"):
+        raise InvalidOptionError(
+            f"durability={durability!r}", hint='use "commit", "group" or "none"'
+        )
+    if not isinstance(delay, timedelta) or not timedelta(0) < delay <= timedelta(seconds=10):
+        raise InvalidOptionError(f"group_delay={delay!r}", hint="a timedelta in (0, 10 s]")
+    for name, value, low in (
+        ("segment_bytes", segment, 4096),
+        ("fragment_bytes", fragment, 64),
+        ("max_record_bytes", max_record, 64),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 1 << 32:
+            raise InvalidOptionError(f"{name}={value!r}", hint=f"an int from {low} to 2**32-1")
+    if fragment > segment:
+        raise InvalidOptionError("fragment_bytes is larger than segment_bytes")
