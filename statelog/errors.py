@@ -48,8 +48,8 @@ class CorruptionError(StatelogError):
     """Stored bytes failed verification: a checksum mismatch, a chain break or a foreign file."""
 
     hint = (
-        "open without strict=True to recover to the last good commit, "
-        "or run `statelog verify` to see every damaged file"
+        "open without strict=True to recover to the last good commit; "
+        "the damaged bytes are then kept aside as .corrupt files"
     )
 
     def __init__(self, path: Path, offset: int, reason: str, *, hint: str | None = None) -> None:

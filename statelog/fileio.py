@@ -17,6 +17,7 @@ from pathlib import Path
 __all__ = ["AppendFile", "FileLayer"]
 
 Buffer = bytes | bytearray | memoryview
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
 
 
 class AppendFile:
@@ -37,15 +38,20 @@ class AppendFile:
         :raises OSError: the write failed; some prefix of the bytes may be in
             the file past ``size`` (the caller truncates them away).
         """
-        total = sum(len(c) for c in chunks)
-        written = os.writev(self._fd, chunks)
-        if written != total:
-            # writev may stop early (signals, pipes, full disks that free up):
-            # finish the rest with plain writes rather than fail the commit.
-            rest = memoryview(b"".join(chunks))[written:]
-            while rest:
-                n = os.write(self._fd, rest)
-                rest = rest[n:]
+        total = 0
+        # The kernel takes at most IOV_MAX buffers per writev.
+        for i in range(0, len(chunks), _IOV_MAX):
+            batch = chunks[i : i + _IOV_MAX]
+            want = sum(len(c) for c in batch)
+            written = os.writev(self._fd, batch)
+            if written != want:
+                # writev may stop early (signals, a disk that fills up):
+                # finish the rest with plain writes, or raise what they raise.
+                rest = memoryview(b"".join(batch))[written:]
+                while rest:
+                    n = os.write(self._fd, rest)
+                    rest = rest[n:]
+            total += want
         self.size += total
 
     def sync(self) -> None:

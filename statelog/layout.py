@@ -30,7 +30,7 @@ from .errors import (
     StoreNotFoundError,
 )
 from .fileio import FileLayer
-from .wal_format import HEADER_SIZE, SEGMENT_SUFFIX, SegmentHeader, segment_name
+from .wal_format import HEADER_SIZE, SegmentHeader, parse_segment_name, segment_name
 
 __all__ = ["IDENTITY", "SNAPSHOT_DIR", "WAL_DIR", "StoreLayout"]
 
@@ -124,9 +124,8 @@ class StoreLayout:
         """
         files.makedirs(self.wal)
         files.makedirs(self.snapshots)
-        for p in self.wal.iterdir():
-            if not p.name.endswith(SEGMENT_SUFFIX):
-                continue
+        leftovers = [p for p in self.wal.iterdir() if parse_segment_name(p) is not None]
+        for p in leftovers:
             if p.stat().st_size > HEADER_SIZE:
                 raise CorruptionError(
                     self.identity,
@@ -134,7 +133,8 @@ class StoreLayout:
                     "segments hold records but the identity file is missing",
                     hint="restore IDENTITY from a backup; statelog never adopts an unknown log",
                 )
-            files.remove(p)  # an empty segment of a creation that did not finish
+        for p in leftovers:
+            files.remove(p)  # empty segments of a creation that did not finish
         sid = uuid.uuid4()
         first = SegmentHeader(sid, sequence=1, first_lsn=1, prev_crc=0)
         files.create_durable(self.wal / segment_name(1, 1), first.pack())

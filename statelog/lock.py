@@ -2,7 +2,7 @@
 
 ``STORE/LOCK`` is held with ``flock(LOCK_EX | LOCK_NB)`` for as long as a
 writer has the store open, and holds the holder's pid for error messages
-and ``statelog inspect``. The kernel releases a flock when its holder dies,
+and for operators. The kernel releases a flock when its holder dies,
 so a SIGKILLed writer never leaves a stale lock behind. Each open of the
 file is its own lock owner, so a second ``statelog.open`` of the same store
 in the same process is refused too.
@@ -17,27 +17,9 @@ from pathlib import Path
 
 from .errors import StoreLockedError
 
-__all__ = ["StoreLock", "lock_holder"]
+__all__ = ["StoreLock"]
 
 LOCK_NAME = "LOCK"
-
-
-def lock_holder(store: Path) -> int | None:
-    """The pid of the process holding ``store``'s writer lock, or None if it is free."""
-    path = store / LOCK_NAME
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _read_pid(fd)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
 
 
 def _read_pid(fd: int) -> int | None:

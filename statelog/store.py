@@ -3,7 +3,8 @@
 A commit is one record in the write-ahead log: encode, frame, append,
 fsync (by the durability policy), apply to the in-memory overlay, return
 the new epoch. Reads never touch the log. Opening a store runs recovery
-(:mod:`statelog.recovery`) and then starts a fresh segment.
+(:mod:`statelog.recovery`), then appends to the verified last segment, or
+starts a new one after a clean close or after corruption.
 """
 
 from __future__ import annotations
@@ -288,9 +289,9 @@ class StateStore:
                 raise self._group.failure
         elif self._durability == "none" and self._wal is not None:
             with self._lock:
-                if not self._closed:
+                if not self._closed:  # close() sealed, and so synced, what it could
                     self._wal.sync()
-                self._synced_epoch = self._state.epoch
+                    self._synced_epoch = self._state.epoch
 
     def wait_durable(self, epoch: int, timeout: timedelta | float | None = None) -> bool:
         """Block until commit ``epoch`` is durable; False if ``timeout`` passed first.

@@ -156,12 +156,14 @@ class WalWriter:
         record that was not acknowledged never reappears on replay.
         """
         before = f.size
+        written = False
         try:
             f.write(chunks)
+            written = True
             if sync:
                 f.sync()
         except BaseException as exc:
-            self._rollback(f, before, exc, synced=sync)
+            self._rollback(f, before, exc, sync_failed=written and sync)
             if isinstance(exc, OSError):
                 raise StorageError(
                     f"{what} to {f.path.name} failed: {exc.strerror or exc}", errno=exc.errno
@@ -172,8 +174,9 @@ class WalWriter:
         else:
             self._unsynced = True
 
-    def _rollback(self, f: AppendFile, size: int, exc: BaseException, *, synced: bool) -> None:
-        if synced and self._unsynced:
+    def _rollback(self, f: AppendFile, size: int, exc: BaseException, *, sync_failed: bool) -> None:
+        """Cut ``f`` back to ``size`` after a failed write or sync; poison if that is not enough."""
+        if sync_failed and self._unsynced:
             # The failed sync was also the only sync of earlier records
             # (group or no durability): they may be gone from the page cache,
             # so only a reopen can tell what is durable.
@@ -183,7 +186,7 @@ class WalWriter:
             return
         try:
             f.truncate(size)
-            if synced:
+            if sync_failed:
                 # After a failed fsync the kernel may have dropped the dirty
                 # pages; make the cut durable and leave this file behind.
                 f.sync()
@@ -216,7 +219,8 @@ class WalWriter:
 
         A sealed segment is immutable: the compactor may read it. If the
         write fails the segment stays open and unsealed, so a later roll or
-        close tries again.
+        close tries again. A segment that saw a failed sync is closed
+        without a seal.
 
         :raises StorageError: the write or the sync failed.
         """
@@ -224,6 +228,12 @@ class WalWriter:
         if f is None:
             return
         self._check_usable()
+        if self._roll_pending:
+            # A sync of this file failed: write nothing more to it. It stays
+            # unsealed; recovery verifies it and the next segment chains to it.
+            f.close()
+            self._file = None
+            return
         payload = SEAL_PAYLOAD.pack(self.next_lsn - 1)
         header = pack_frame_header(FrameType.SEAL, payload, self.last_crc)
         chunks: list[Buffer] = [header, payload]
@@ -242,14 +252,7 @@ class WalWriter:
         :raises StorageError: sealing or creating the next segment failed;
             a later append retries the roll.
         """
-        f = self._file
-        if f is not None and not self._roll_pending:
-            self.seal()
-        elif f is not None:
-            # The segment saw a failed sync: leave it unsealed rather than
-            # write to it again; the new segment's header carries the chain.
-            f.close()
-            self._file = None
+        self.seal()
         try:
             self.start_segment(self.sequence + 1, self.next_lsn, self.last_crc)
         except OSError as exc:
