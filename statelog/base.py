@@ -36,7 +36,7 @@ from typing import Protocol, Self
 import lmdb
 
 from .errors import CorruptionError, StoreClosedError
-from .state import Key
+from .records import Key
 
 __all__ = ["Base", "BaseLevel", "EmptyBase", "ImageBuilder", "decode_key", "encode_key"]
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = [
+    "CompactorLockedError",
     "CorruptionError",
     "FormatVersionError",
     "InvalidCommitError",
@@ -83,6 +84,21 @@ class StoreLockedError(StatelogError):
     def __init__(self, path: Path, pid: int | None, *, hint: str | None = None) -> None:
         who = f"process {pid}" if pid is not None else "another process"
         super().__init__(f"store {path} is locked by {who}", hint=hint)
+        self.path = path
+        self.pid = pid
+
+
+class CompactorLockedError(StatelogError):
+    """Another compactor holds the store's ``COMPACTOR.LOCK``: one compactor per store."""
+
+    hint = (
+        "one compactor per store: stop the other compactor (its pid is named) or let it "
+        "do the work; a compactor that died released its lock with its process"
+    )
+
+    def __init__(self, path: Path, pid: int | None, *, hint: str | None = None) -> None:
+        who = f"process {pid}" if pid is not None else "another process"
+        super().__init__(f"store {path} is being compacted by {who}", hint=hint)
         self.path = path
         self.pid = pid
 

@@ -37,7 +37,18 @@ __all__ = ["IDENTITY", "SNAPSHOT_DIR", "WAL_DIR", "StoreLayout"]
 IDENTITY = "IDENTITY"
 WAL_DIR = "wal"
 SNAPSHOT_DIR = "snapshots"
-_KNOWN = {IDENTITY, "LOCK", WAL_DIR, SNAPSHOT_DIR, IDENTITY + ".tmp"}
+BASE_DIR = "base"
+_KNOWN = {
+    IDENTITY,
+    IDENTITY + ".tmp",
+    "LOCK",
+    WAL_DIR,
+    SNAPSHOT_DIR,
+    BASE_DIR,
+    "pins",
+    "COMPACTOR.LOCK",
+    "compactor.tmp",
+}
 _KIND = "statelog-store"
 STORE_VERSION = 1
 """Version of the directory layout and IDENTITY; segments carry their own format version."""
@@ -56,6 +67,11 @@ class StoreLayout:
     @property
     def snapshots(self) -> Path:
         return self.root / SNAPSHOT_DIR
+
+    @property
+    def base(self) -> Path:
+        """Extracted LMDB image of the snapshot in use (a cache, rebuilt on open)."""
+        return self.root / BASE_DIR
 
     @property
     def identity(self) -> Path:

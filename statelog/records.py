@@ -19,12 +19,17 @@ import msgspec
 
 __all__ = [
     "CommitRecord",
+    "Key",
     "TableDelta",
     "decode_record",
     "decode_value",
     "encode_record",
     "encode_value",
 ]
+
+
+Key = str | bytes
+"""A key: str and bytes keys are distinct and come back as the type given."""
 
 
 class TableDelta(msgspec.Struct, array_like=True, frozen=True):

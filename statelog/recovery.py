@@ -56,6 +56,9 @@ class LogEnd:
     chain: int = 0  # crc the next frame or segment header must link to
     unsealed: Path | None = None  # last segment, if it still needs a SEAL frame
     fresh: bool = False  # seal ``unsealed`` and continue in a new segment (after corruption)
+    # last LSN -> chain value at the end of each sealed segment replayed: what
+    # a snapshot folded up to that LSN must name as its link to the log.
+    boundaries: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -97,8 +100,13 @@ def recover_log(
     *,
     repair: bool,
     strict: bool = False,
+    after: tuple[int, int] | None = None,
 ) -> tuple[RecoveryReport, LogEnd]:
     """Replay every verified commit in ``wal_dir`` into ``state``.
+
+    :param after: ``(lsn, chain)`` of a snapshot already loaded into
+        ``state``: replay only the segments after ``lsn``, the first of which
+        must link to ``chain``; an empty log is then fine.
 
     :param repair: the caller holds the writer's lock and may cut torn tails
         and move damage aside; False (read-only) changes nothing on disk.
@@ -115,13 +123,17 @@ def recover_log(
         segments = []
     prog = _Progress(state)
     end = LogEnd()
-    if not segments:
+    if after is not None:
+        segments = [s for s in segments if s[1] > after[0]]
+        end.chain = after[1]
+        end.boundaries[after[0]] = after[1]
+    elif not segments:
         # Creation writes segment 1 before the identity: an identified store
         # with no log lost it, and starting again from epoch 0 would be a guess.
         raise ResnapshotRequired(
             f"the log of {wal_dir.parent} is missing", [(wal_dir, "no segments")]
         )
-    if segments[0][1] != state.epoch + 1:
+    if segments and segments[0][1] != state.epoch + 1:
         raise ResnapshotRequired(
             f"the log in {wal_dir} begins at LSN {segments[0][1]} and no snapshot covers "
             f"epochs 1..{segments[0][1] - 1}",
@@ -132,10 +144,13 @@ def recover_log(
         scan = scan_segment(
             path, data, store_id=store_id, prev_crc=end.chain, is_last=i == len(segments) - 1
         )
+        state.begin_generation(seq)
         kind, offset, reason = _check_and_apply(scan, seq, lsn, end, prog)
         if kind is StopKind.CLEAN:
             end.sequence = seq
             end.unsealed = None if scan.sealed_lsn is not None else path
+            if scan.sealed_lsn is not None:
+                end.boundaries[scan.sealed_lsn] = scan.end_crc
             continue
         if kind is StopKind.TORN:
             _torn(files, scan, data, offset, reason, end, prog, repair=repair)

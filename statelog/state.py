@@ -1,36 +1,79 @@
-"""The live state: epoch, offsets, watermark and an in-memory overlay of tables.
+"""The live state: epoch, offsets, watermark, a base level and an overlay of generations.
 
-Values are kept msgpack-encoded (see :mod:`statelog.records`), so a reader
-gets a fresh object on every read and can never mutate stored state. The
-overlay is the top level of the two-level design in ``docs/architecture.md``;
-the memory-mapped base snapshot slots in beneath it.
+Two levels, as in ``docs/architecture.md``:
 
-Key order: within a table, ``bytes`` keys sort before ``str`` keys; each kind
-sorts bytewise (``str`` by code point, which is its UTF-8 byte order).
+* the **base** is a snapshot's LMDB image, read-only and memory-mapped
+  (:class:`~statelog.base.BaseLevel`), or :class:`~statelog.base.EmptyBase`;
+* the **overlay** is a list of *generations*, one per WAL segment replayed or
+  written since the base: each a dict per table of key -> encoded value, or
+  ``None`` for a key deleted over a lower level.
+
+A commit touches only the newest generation, a dict bounded by the segment
+size, never the base. When a snapshot covering whole segments arrives,
+:meth:`LiveState.swap_base` installs it and drops the generations it folded,
+so the overlay's memory is bounded by the compaction trigger.
+
+Values stay msgpack-encoded, so every read returns a fresh object. Key order:
+``bytes`` keys before ``str`` keys, each bytewise (``str`` by code point,
+which is its UTF-8 byte order) -- the order of the base's tagged keys.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from .records import CommitRecord
+from .base import Base, EmptyBase
+from .records import CommitRecord, Key
 
-__all__ = ["Key", "LiveState"]
+__all__ = ["MAX_GENERATIONS", "Generation", "Key", "LiveState"]
 
-Key = str | bytes
+MAX_GENERATIONS = 32
+"""Above this many generations (a store nobody compacts) the two oldest are merged."""
+
+_MISSING = object()
+
+
+class Generation:
+    """The overlay entries written to one WAL segment (or, after a merge, to several)."""
+
+    __slots__ = ("first_epoch", "last_epoch", "segment", "tables")
+
+    def __init__(self, segment: int, first_epoch: int) -> None:
+        self.segment = segment
+        self.first_epoch = first_epoch
+        self.last_epoch = first_epoch - 1
+        self.tables: dict[str, dict[Key, bytes | None]] = {}
+
+
+def _sort_key(k: Key) -> tuple[int, Key]:
+    return (0, k) if type(k) is bytes else (1, k)
 
 
 class LiveState:
-    """Everything a reader sees. Mutated only by :meth:`apply` (commit and replay)."""
-
-    __slots__ = ("epoch", "low_watermark_ms", "offsets", "tables")
+    """Everything a reader sees. Mutated only by :meth:`apply` and :meth:`swap_base`."""
 
     def __init__(self) -> None:
         self.epoch = 0
         self.offsets: dict[str, int] = {}
         self.low_watermark_ms = 0
-        self.tables: dict[str, dict[Key, bytes]] = {}
+        self.base: Base = EmptyBase()
+        self.base_epoch = 0
+        self.generations: list[Generation] = [Generation(0, 1)]
+
+    # -- writing ----------------------------------------------------------
+    def begin_generation(self, segment: int) -> None:
+        """Start a new generation for records of WAL segment ``segment``."""
+        top = self.generations[-1]
+        if top.segment == segment:
+            return
+        if not top.tables:
+            top.segment, top.first_epoch = segment, self.epoch + 1
+            return
+        self.generations.append(Generation(segment, self.epoch + 1))
+        if len(self.generations) > MAX_GENERATIONS:
+            self._merge_oldest()
 
     def apply(
         self,
@@ -39,20 +82,26 @@ class LiveState:
         low_watermark_ms: int,
         deltas: Iterable[tuple[str, Sequence[Key], Sequence[bytes], Sequence[Key]]],
     ) -> None:
-        """Apply one verified commit. The caller has checked ``epoch == self.epoch + 1``."""
+        """Apply one verified commit to the newest generation. The caller checked the epoch."""
+        top = self.generations[-1]
+        # A delete must hide the key in lower levels; with none, just forget it.
+        shadowing = len(self.generations) > 1 or not isinstance(self.base, EmptyBase)
         for name, keys, values, deletes in deltas:
-            table = self.tables.get(name)
+            table = top.tables.get(name)
             if table is None:
-                table = self.tables[name] = {}
+                table = top.tables[name] = {}
             if deletes:
-                pop = table.pop
-                for k in deletes:
-                    pop(k, None)
+                if shadowing:
+                    table.update(dict.fromkeys(deletes))
+                else:
+                    pop = table.pop
+                    for k in deletes:
+                        pop(k, None)
             if keys:
                 table.update(zip(keys, values, strict=True))
         self.offsets.update(offsets)
         self.low_watermark_ms = low_watermark_ms
-        self.epoch = epoch
+        self.epoch = top.last_epoch = epoch
 
     def apply_record(self, rec: CommitRecord) -> None:
         self.apply(
@@ -62,29 +111,87 @@ class LiveState:
             ((t.name, t.keys, t.values, t.deletes) for t in rec.tables),
         )
 
+    def swap_base(self, base: Base, epoch: int) -> Base:
+        """Install ``base`` (the state at ``epoch``); drop generations it covers.
+
+        Only generations wholly at or below ``epoch`` are dropped, so a
+        generation straddling it stays and still shadows the base correctly
+        (its entries are at least as new). Returns the old base to close.
+        """
+        old = self.base
+        self.base, self.base_epoch = base, epoch
+        kept = [g for g in self.generations if g.last_epoch > epoch or g is self.generations[-1]]
+        top = self.generations[-1]
+        if top.last_epoch <= epoch and top.tables:
+            # The newest generation is folded too: keep an empty one to write into.
+            kept = [Generation(top.segment, self.epoch + 1)]
+        self.generations = kept
+        return old
+
+    def _merge_oldest(self) -> None:
+        older, newer = self.generations[0], self.generations[1]
+        bottom = isinstance(self.base, EmptyBase)
+        for name, entries in newer.tables.items():
+            table = older.tables.setdefault(name, {})
+            table.update(entries)
+            if bottom:
+                for k in [k for k, v in entries.items() if v is None]:
+                    del table[k]
+        older.last_epoch = newer.last_epoch
+        older.segment = newer.segment
+        del self.generations[1]
+
+    # -- reading ----------------------------------------------------------
     def get(self, table: str, key: Any) -> bytes | None:
-        t = self.tables.get(table)
-        return None if t is None else t.get(key)
+        for g in reversed(self.generations):
+            t = g.tables.get(table)
+            if t is not None:
+                v = t.get(key, _MISSING)
+                if v is not _MISSING:
+                    return v  # type: ignore[return-value]
+        return self.base.get(table, key)
+
+    def _overlay(self, table: str) -> dict[Key, bytes | None]:
+        """The generations of ``table`` merged, newest entry winning."""
+        gens = [g.tables[table] for g in self.generations if table in g.tables]
+        if len(gens) == 1:
+            return gens[0]
+        merged: dict[Key, bytes | None] = {}
+        for t in gens:
+            merged.update(t)
+        return merged
 
     def count(self, table: str) -> int:
-        t = self.tables.get(table)
-        return 0 if t is None else len(t)
+        overlay = self._overlay(table)
+        if isinstance(self.base, EmptyBase):
+            return sum(1 for v in overlay.values() if v is not None)
+        n = self.base.count(table)
+        for k, v in overlay.items():
+            below = self.base.get(table, k) is not None
+            n += (v is not None) - below
+        return n
 
-    def keys(self, table: str, prefix: Key | None = None) -> list[Key]:
-        """Keys of ``table`` in key order, optionally only those starting with ``prefix``."""
-        t = self.tables.get(table)
-        if not t:
-            return []
-        if prefix is None:
-            bkeys = sorted(k for k in t if type(k) is bytes)
-            skeys = sorted(k for k in t if type(k) is str)
-            return [*bkeys, *skeys]
-        kind = type(prefix)
-        return sorted(k for k in t if type(k) is kind and k.startswith(prefix))  # type: ignore[arg-type]
+    def tables(self) -> list[str]:
+        names = set(self.base.tables())
+        for g in self.generations:
+            names.update(g.tables)
+        return sorted(names)
 
     def items(self, table: str, prefix: Key | None = None) -> Iterator[tuple[Key, bytes]]:
-        t = self.tables.get(table, {})
-        for k in self.keys(table, prefix):
-            v = t.get(k)
+        """``(key, encoded value)`` of ``table`` in key order, overlay merged over the base."""
+        overlay = self._overlay(table)
+        if prefix is None:
+            keys = sorted(overlay, key=_sort_key)
+        else:
+            kind = type(prefix)
+            keys = sorted(k for k in overlay if type(k) is kind and k.startswith(prefix))  # type: ignore[arg-type]
+        top = [(_sort_key(k), k, overlay[k]) for k in keys]
+        below = ((_sort_key(k), k, v) for k, v in self.base.items(table, prefix))
+        last: Any = None
+        # Overlay entries sort before base entries of the same key and win.
+        for sk, k, v in heapq.merge(top, below, key=lambda e: e[0]):
+            if sk == last:
+                continue
+            last = sk
             if v is not None:
                 yield k, v

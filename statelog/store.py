@@ -10,6 +10,8 @@ starts a new one after a clean close or after corruption.
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import threading
 import types
 from collections.abc import Iterable, Iterator, Mapping
@@ -27,11 +29,12 @@ from .errors import (
 )
 from .fileio import FileLayer
 from .group_commit import GroupCommitter
+from .ladder import recover_store
 from .layout import StoreLayout
 from .lock import StoreLock
 from .records import CommitRecord, TableDelta, decode_value, encode_record
-from .recovery import recover_log
 from .state import Key, LiveState
+from .swap import BaseWatcher
 from .transaction import Transaction
 from .validate import ENCODE_ERRORS, check_offsets, check_options, check_watermark, table_delta
 from .wal_writer import WalWriter
@@ -66,6 +69,7 @@ class StateStore:
         max_record_bytes: int = 64 * _MiB,
         readonly: bool = False,
         strict: bool = False,
+        base_refresh: timedelta = timedelta(seconds=1),
         file_layer: FileLayer | None = None,
     ) -> None:
         """Open the store at ``path``, creating it (writer) or failing (read-only) if absent.
@@ -81,6 +85,8 @@ class StateStore:
         :param readonly: read the last durable state without taking the lock.
         :param strict: raise :class:`CorruptionError` on damage before the log's tail
             instead of recovering to the last good commit.
+        :param base_refresh: how often the writer looks for a new snapshot to
+            use as its base level (swapped in off the commit path).
         :raises StoreLockedError: another writer has the store open.
         :raises CorruptionError: ``strict`` and the log is damaged.
         :raises FormatVersionError: files of a newer format.
@@ -92,6 +98,8 @@ class StateStore:
         for name, flag in (("readonly", readonly), ("strict", strict)):
             if not isinstance(flag, bool):
                 raise InvalidOptionError(f"{name}={flag!r}", hint="pass True or False")
+        if not isinstance(base_refresh, timedelta) or base_refresh <= timedelta(0):
+            raise InvalidOptionError(f"base_refresh={base_refresh!r}", hint="a positive timedelta")
         self.path = Path(path)
         self.readonly = readonly
         self._durability = durability
@@ -104,17 +112,27 @@ class StateStore:
         self._closed = False
         self._writer_lock: StoreLock | None = None
         self._group: GroupCommitter | None = None
+        self._watcher: BaseWatcher | None = None
+        self._ro_images: Path | None = None
+        self._boundaries: dict[int, int] = {}
         if readonly:
             self.store_id = self._layout.read_identity(self._files)
-            # Changes nothing; truncated_bytes counts the unfinished tail it ignored.
-            self.recovery, _ = recover_log(
-                self._files,
-                self._layout.wal,
-                self.store_id,
-                self._state,
-                repair=False,
-                strict=strict,
-            )
+            # Changes nothing in the store: a snapshot image goes to a private
+            # temp dir; truncated_bytes counts the unfinished tail it ignored.
+            self._ro_images = Path(tempfile.mkdtemp(prefix="statelog-ro-"))
+            try:
+                self.recovery, _ = recover_store(
+                    self._files,
+                    self._layout,
+                    self.store_id,
+                    self._state,
+                    image_dir=self._ro_images,
+                    repair=False,
+                    strict=strict,
+                )
+            except BaseException:
+                self._drop_images()
+                raise
             self._synced_epoch = self._state.epoch
             self._wal: WalWriter | None = None
             return
@@ -124,8 +142,19 @@ class StateStore:
         try:
             self._open_writer(strict, segment_bytes, fragment_bytes, group_delay)
         except BaseException:
+            self._state.base.close()
             self._writer_lock.release()
             raise
+        self._watcher = BaseWatcher(
+            files=self._files,
+            snapshots=self._layout.snapshots,
+            image_dir=self._layout.base,
+            store_id=self.store_id,
+            state=self._state,
+            view=self._view,
+            boundaries=self._boundaries,
+            interval=base_refresh.total_seconds(),
+        )
 
     def _open_writer(
         self, strict: bool, segment_bytes: int, fragment_bytes: int, group_delay: timedelta
@@ -138,9 +167,16 @@ class StateStore:
             log.info("store=%s event=store_created store_id=%s", self.path, self.store_id)
         for p in layout.remove_temp_files(self._files):
             log.info("store=%s event=temp_removed file=%s", self.path, p.name)
-        self.recovery, end = recover_log(
-            self._files, layout.wal, self.store_id, self._state, repair=True, strict=strict
+        self.recovery, end = recover_store(
+            self._files,
+            layout,
+            self.store_id,
+            self._state,
+            image_dir=layout.base,
+            repair=True,
+            strict=strict,
         )
+        self._boundaries.update(end.boundaries)
         wal = WalWriter(
             self._files,
             layout.wal,
@@ -148,6 +184,7 @@ class StateStore:
             segment_bytes=segment_bytes,
             fragment_bytes=fragment_bytes,
         )
+        wal.on_seal = self._boundaries.__setitem__
         epoch = self._state.epoch
         try:
             if end.unsealed is None:
@@ -254,9 +291,10 @@ class StateStore:
         if sync:
             self._synced_epoch = epoch
         with self._view:
-            self._state.apply(
-                epoch, offsets, wm, ((d.name, d.keys, d.values, d.deletes) for d in deltas)
-            )
+            state = self._state
+            if self._wal.sequence != state.generations[-1].segment:
+                state.begin_generation(self._wal.sequence)
+            state.apply(epoch, offsets, wm, ((d.name, d.keys, d.values, d.deletes) for d in deltas))
         if group is not None:
             group.written_up_to(epoch)
         return epoch
@@ -355,7 +393,8 @@ class StateStore:
 
     def tables(self) -> list[str]:
         """Names of the tables that have ever been written."""
-        return sorted(self._state.tables)
+        with self._view:
+            return self._state.tables()
 
     # -- closing ---------------------------------------------------------
     def close(self) -> None:
@@ -371,6 +410,11 @@ class StateStore:
         # The flusher takes _lock to find the file it syncs: stop it unlocked.
         if self._group is not None:
             self._group.stop()
+        if self._watcher is not None:
+            self._watcher.stop()
+        with self._view:
+            self._state.base.close()
+        self._drop_images()
         with self._lock:
             try:
                 if self._wal is not None:
@@ -384,6 +428,11 @@ class StateStore:
             finally:
                 if self._writer_lock is not None:
                     self._writer_lock.release()
+
+    def _drop_images(self) -> None:
+        if self._ro_images is not None:
+            shutil.rmtree(self._ro_images, ignore_errors=True)
+            self._ro_images = None
 
     @property
     def closed(self) -> bool:

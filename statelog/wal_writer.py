@@ -17,6 +17,7 @@ import contextlib
 import logging
 import struct
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import StorageError
@@ -61,6 +62,8 @@ class WalWriter:
         self.poisoned: str | None = None
         self._roll_pending = False
         self._unsynced = False  # records appended since the last sync the writer made
+        self.on_seal: Callable[[int, int], None] | None = None
+        """Called with (last LSN, seal crc) after each seal: the log's segment boundaries."""
 
     @property
     def active_path(self) -> Path | None:
@@ -244,6 +247,8 @@ class WalWriter:
         f.close()
         self._file = None
         self.last_crc = struct.unpack_from("<I", header)[0]
+        if self.on_seal is not None:
+            self.on_seal(self.next_lsn - 1, self.last_crc)
         log.info("segment=%s event=segment_sealed last_lsn=%d", f.path.name, self.next_lsn - 1)
 
     def roll(self) -> None:

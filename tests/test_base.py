@@ -17,10 +17,10 @@ KEYS: list[Key] = [b"", b"\x00", b"\xff", b"a", b"ab", "", "a", "ab", "b", "\x7f
 
 
 def overlay_order(keys: list[Key]) -> list[Key]:
-    """The order LiveState.keys gives: the overlay's order the base level must match."""
+    """The order LiveState.items gives: the overlay's order the base level must match."""
     state = LiveState()
     state.apply(1, {}, 0, [("t", keys, [b"v"] * len(keys), [])])
-    return state.keys("t")
+    return [k for k, _ in state.items("t")]
 
 
 def build(path: Path, tables: dict[str, dict[Key, bytes]], **options: int) -> int:

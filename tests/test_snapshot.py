@@ -45,10 +45,15 @@ FILES = FileLayer()
 MODES: tuple[CrashMode, ...] = get_args(CrashMode)
 
 
+def tables_of(state: LiveState) -> dict[str, dict[Key, bytes]]:
+    """Every table of ``state`` as a plain dict (what a snapshot of it must hold)."""
+    return {name: dict(state.items(name)) for name in state.tables()}
+
+
 def build_image(path: Path, state: LiveState) -> int:
     with ImageBuilder.create(path.with_name(path.name + ".work")) as builder:
         builder.apply_batch(
-            (name, list(t), list(t.values()), []) for name, t in sorted(state.tables.items())
+            (name, list(t), list(t.values()), []) for name, t in sorted(tables_of(state).items())
         )
         return builder.finish(path)
 
@@ -71,7 +76,7 @@ def make_meta(image: Path, state: LiveState, **over: Any) -> SnapshotMeta:
         "chain": 0x13FBE3C2,
         "offsets": dict(state.offsets),
         "low_watermark_ms": state.low_watermark_ms,
-        "tables": {name: len(t) for name, t in state.tables.items()},
+        "tables": {name: len(t) for name, t in tables_of(state).items()},
         "image_bytes": image.stat().st_size,
         "created_ms": 1_700_000_000_000,
     }
@@ -440,10 +445,10 @@ def test_extract_then_base_level_reads_the_same_state(tmp_path: Path, snap_dir: 
     path = write_snapshot(FILES, snap_dir, meta, image, level=1)
     dest = tmp_path / "base.mdb"
     got = extract_snapshot(FILES, path, dest, store_id=STORE)
-    assert got == meta and got.tables == {n: len(t) for n, t in state.tables.items()}
+    assert got == meta and got.tables == {n: len(t) for n, t in tables_of(state).items()}
     with BaseLevel(dest) as base:
-        assert base.tables() == sorted(state.tables)
-        for name in state.tables:
+        assert base.tables() == state.tables()
+        for name in state.tables():
             assert list(base.items(name)) == list(state.items(name))
             assert base.count(name) == meta.tables[name]
             assert list(base.items(name, "s1")) == list(state.items(name, "s1"))

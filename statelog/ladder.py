@@ -1,0 +1,157 @@
+"""The recovery ladder: newest verified snapshot that links to the log, then the log tail.
+
+On open, snapshots in ``STORE/snapshots/`` are tried newest first. One is
+used only if its SHA-256 verifies (on this read, not at write time) and it
+links to the log: the first segment after its LSN starts at LSN + 1 and its
+header's ``prev_crc`` equals the snapshot's ``chain``. A snapshot that fails
+either check is logged at ERROR, listed in ``RecoveryReport.rejected`` with
+the reason, left in place as evidence, and recovery walks back to the next
+older one, replaying more of the log. With no snapshot left, the log must
+reach back to epoch 1; if it does not, :class:`ResnapshotRequired` names
+every file tried and why it was refused.
+
+The chosen snapshot's LMDB image is extracted to ``STORE/base/`` (a
+derived cache, rebuilt on every open) and memory-mapped as the base level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from pathlib import Path
+
+from .base import BaseLevel
+from .errors import CorruptionError, FormatVersionError, ResnapshotRequired
+from .fileio import FileLayer
+from .layout import StoreLayout
+from .recovery import LogEnd, list_segments, recover_log
+from .report import RecoveryReport, Rejection
+from .snapshot import SnapshotMeta, extract_snapshot, list_snapshots, verify_snapshot
+from .state import LiveState
+from .wal_format import HEADER_SIZE, SegmentHeader
+
+__all__ = ["check_link", "image_path", "install_snapshot", "recover_store"]
+
+log = logging.getLogger("statelog.recovery")
+
+
+def image_path(image_dir: Path, snapshot: Path) -> Path:
+    """Where the LMDB image of ``snapshot`` is extracted: one file per snapshot."""
+    return image_dir / (snapshot.name.removesuffix(".snap") + ".mdb")
+
+
+def check_link(wal_dir: Path, meta: SnapshotMeta) -> str | None:
+    """Why ``meta`` does not link to the log in ``wal_dir``, or None if it does.
+
+    The first segment after the snapshot's LSN must start at LSN + 1 with a
+    header chained to the snapshot's ``chain``. No segment after it is fine:
+    the log ends at the snapshot (retention removed what it covers).
+    """
+    try:
+        later = [s for s in list_segments(wal_dir) if s[1] > meta.lsn]
+    except FileNotFoundError:
+        later = []
+    if not later:
+        return None
+    _seq, first_lsn, path = later[0]
+    if first_lsn != meta.lsn + 1:
+        return f"the log continues at LSN {first_lsn}, not {meta.lsn + 1}"
+    with open(path, "rb") as fh:
+        head = fh.read(HEADER_SIZE)
+    if not SegmentHeader.crc_ok(head):
+        return f"{path.name} has a damaged header"
+    prev = SegmentHeader.unpack(head).prev_crc
+    if prev != meta.chain:
+        return f"{path.name} links to {prev:#010x}, the snapshot ends at {meta.chain:#010x}"
+    return None
+
+
+def install_snapshot(
+    files: FileLayer, image_dir: Path, path: Path, store_id: uuid.UUID, state: LiveState
+) -> SnapshotMeta:
+    """Verify ``path`` while extracting it, map it as ``state``'s base, set epoch/offsets.
+
+    :raises CorruptionError: the snapshot did not verify (nothing installed).
+    """
+    dest = image_path(image_dir, path)
+    files.makedirs(dest.parent)
+    meta = extract_snapshot(files, path, dest, store_id=store_id)
+    old = state.swap_base(BaseLevel(dest), meta.lsn)
+    old.close()
+    state.epoch = meta.lsn
+    state.offsets = dict(meta.offsets)
+    state.low_watermark_ms = meta.low_watermark_ms
+    return meta
+
+
+def recover_store(
+    files: FileLayer,
+    layout: StoreLayout,
+    store_id: uuid.UUID,
+    state: LiveState,
+    *,
+    image_dir: Path,
+    repair: bool,
+    strict: bool = False,
+) -> tuple[RecoveryReport, LogEnd]:
+    """Climb the ladder: snapshot (newest that verifies and links), then the log tail.
+
+    :param image_dir: where to extract the chosen snapshot's image (the
+        writer's ``STORE/base``; a private temporary directory for a
+        read-only open, which changes nothing in the store).
+
+    :raises ResnapshotRequired: no snapshot is usable and the log does not reach epoch 1.
+    :raises CorruptionError: ``strict`` and the log tail is damaged.
+    :raises StorageError: an I/O error (never taken for damage).
+    """
+    rejected: list[Rejection] = []
+    for _epoch, _lsn, path in list_snapshots(layout.snapshots):
+        try:
+            meta = verify_snapshot(files, path, store_id=store_id)
+            why = check_link(layout.wal, meta)
+            if why is None:
+                meta = install_snapshot(files, image_dir, path, store_id, state)
+        except (CorruptionError, FormatVersionError) as exc:
+            why = getattr(exc, "reason", None) or str(exc)
+        if why is not None:
+            log.error("snapshot=%s event=snapshot_rejected reason=%r", path.name, why)
+            rejected.append(Rejection(path, None, why))
+            continue
+        report, end = recover_log(
+            files,
+            layout.wal,
+            store_id,
+            state,
+            repair=repair,
+            strict=strict,
+            after=(meta.lsn, meta.chain),
+        )
+        _remove_stale_images(files, image_dir, keep=image_path(image_dir, path))
+        return _with(report, path, rejected), end
+    try:
+        report, end = recover_log(files, layout.wal, store_id, state, repair=repair, strict=strict)
+    except ResnapshotRequired as exc:
+        if not rejected:
+            raise
+        tried = [(r.path, r.reason) for r in rejected] + exc.tried
+        raise ResnapshotRequired(
+            "no snapshot verifies and the log does not reach epoch 1", tried
+        ) from exc
+    _remove_stale_images(files, image_dir, keep=None)
+    return _with(report, None, rejected), end
+
+
+def _with(
+    report: RecoveryReport, snapshot: Path | None, rejected: list[Rejection]
+) -> RecoveryReport:
+    return dataclasses.replace(
+        report, snapshot=snapshot, rejected=tuple(rejected) + report.rejected
+    )
+
+
+def _remove_stale_images(files: FileLayer, image_dir: Path, keep: Path | None) -> None:
+    if image_dir.is_dir():
+        for p in image_dir.iterdir():
+            if p != keep:
+                files.remove(p)
