@@ -124,6 +124,9 @@ def recover_log(
     prog = _Progress(state)
     end = LogEnd()
     if after is not None:
+        covered = [s for s in segments if s[1] <= after[0]]
+        # Sequence numbers go on from the segments the snapshot covers.
+        end.sequence = covered[-1][0] if covered else 0
         segments = [s for s in segments if s[1] > after[0]]
         end.chain = after[1]
         end.boundaries[after[0]] = after[1]
