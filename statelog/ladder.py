@@ -29,7 +29,16 @@ from .recovery import LogEnd, list_segments, recover_log
 from .report import RecoveryReport, Rejection
 from .snapshot import SnapshotMeta, extract_snapshot, list_snapshots, verify_snapshot
 from .state import LiveState
-from .wal_format import HEADER_SIZE, SegmentHeader
+from .wal_format import (
+    FRAME_HEADER,
+    FRAME_HEADER_SIZE,
+    HEADER_SIZE,
+    SEAL_FRAME_SIZE,
+    SEAL_PAYLOAD,
+    FrameType,
+    SegmentHeader,
+    frame_crc,
+)
 
 __all__ = ["check_link", "image_path", "install_snapshot", "recover_store"]
 
@@ -49,10 +58,19 @@ def check_link(wal_dir: Path, meta: SnapshotMeta) -> str | None:
     the log ends at the snapshot (retention removed what it covers).
     """
     try:
-        later = [s for s in list_segments(wal_dir) if s[1] > meta.lsn]
+        segments = list_segments(wal_dir)
     except FileNotFoundError:
-        later = []
+        segments = []
+    later = [s for s in segments if s[1] > meta.lsn]
     if not later:
+        covered = [s for s in segments if s[1] <= meta.lsn]
+        if not covered:
+            return None  # retention removed the whole log the snapshot covers
+        # The log ends at the snapshot: its last segment must end in the seal named.
+        seal = _seal_at_end(covered[-1][2])
+        if seal != (meta.lsn, meta.chain):
+            name = covered[-1][2].name
+            return f"{name} does not end in a seal at LSN {meta.lsn} with crc {meta.chain:#010x}"
         return None
     _seq, first_lsn, path = later[0]
     if first_lsn != meta.lsn + 1:
@@ -65,6 +83,22 @@ def check_link(wal_dir: Path, meta: SnapshotMeta) -> str | None:
     if prev != meta.chain:
         return f"{path.name} links to {prev:#010x}, the snapshot ends at {meta.chain:#010x}"
     return None
+
+
+def _seal_at_end(path: Path) -> tuple[int, int] | None:
+    """``(last LSN, crc)`` of the SEAL frame ending ``path``, if it ends in a verified one."""
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        size = fh.tell()
+        if size < HEADER_SIZE + SEAL_FRAME_SIZE:
+            return None
+        fh.seek(size - SEAL_FRAME_SIZE)
+        frame = fh.read(SEAL_FRAME_SIZE)
+    crc, length, ftype, _pad, _res, _prev = FRAME_HEADER.unpack_from(frame)
+    payload = frame[FRAME_HEADER_SIZE:]
+    if ftype != FrameType.SEAL or length != len(payload) or frame_crc(frame[4:16], payload) != crc:
+        return None
+    return int(SEAL_PAYLOAD.unpack(payload)[0]), int(crc)
 
 
 def install_snapshot(
