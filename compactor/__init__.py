@@ -1,8 +1,23 @@
-"""The statelog compaction daemon (``statelog-compactor``).
+"""The statelog compaction daemon (``statelog-compactor``, or ``python -m compactor``).
 
-It folds sealed WAL segments into full snapshots, in its own process, reading
-only immutable files. The daemon itself lands with the snapshot issue; until
-then this package only reserves the name, and nothing imports it.
+It folds sealed WAL segments into full snapshots in its own process, reading
+only immutable files (sealed segments and snapshots, never the writer's
+memory or its active segment), and applies retention. One compactor per
+store, enforced by ``STORE/COMPACTOR.LOCK``.
+
+* :func:`compact`: one pass over one store (library use, tests, ``--once``).
+* :func:`compactor.daemon.main`: the command line.
 """
 
-__all__: list[str] = []
+from .fold import SCRATCH_DIR, CompactionResult, compact
+from .lock import CompactorLock
+from .retention import RetentionResult, apply_retention
+
+__all__ = [
+    "SCRATCH_DIR",
+    "CompactionResult",
+    "CompactorLock",
+    "RetentionResult",
+    "apply_retention",
+    "compact",
+]

@@ -16,6 +16,7 @@ derived cache, rebuilt on every open) and memory-mapped as the base level.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import uuid
@@ -25,6 +26,7 @@ from .base import BaseLevel
 from .errors import CorruptionError, FormatVersionError, ResnapshotRequired
 from .fileio import FileLayer
 from .layout import StoreLayout
+from .pins import pin
 from .recovery import LogEnd, list_segments, recover_log
 from .report import RecoveryReport, Rejection
 from .snapshot import SnapshotMeta, extract_snapshot, list_snapshots, verify_snapshot
@@ -139,6 +141,26 @@ def recover_store(
     :raises CorruptionError: ``strict`` and the log tail is damaged.
     :raises StorageError: an I/O error (never taken for damage).
     """
+    if repair:
+        # The writer's recovery pins every file it may read, so a compactor's
+        # retention cannot delete the snapshot or the segments it replays.
+        names = [f"snapshots/{p.name}" for _e, _l, p in list_snapshots(layout.snapshots)]
+        with contextlib.suppress(FileNotFoundError):
+            names += [f"wal/{p.name}" for _s, _l, p in list_segments(layout.wal)]
+        with pin(layout.root, names, purpose="recovery"):
+            return _climb(files, layout, store_id, state, image_dir, repair, strict)
+    return _climb(files, layout, store_id, state, image_dir, repair, strict)
+
+
+def _climb(
+    files: FileLayer,
+    layout: StoreLayout,
+    store_id: uuid.UUID,
+    state: LiveState,
+    image_dir: Path,
+    repair: bool,
+    strict: bool,
+) -> tuple[RecoveryReport, LogEnd]:
     rejected: list[Rejection] = []
     for _epoch, _lsn, path in list_snapshots(layout.snapshots):
         try:

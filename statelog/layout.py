@@ -164,11 +164,11 @@ class StoreLayout:
         return sid
 
     def remove_temp_files(self, files: FileLayer) -> list[Path]:
-        """Delete ``*.tmp`` left by a writer that died mid-create (wal/, snapshots/, IDENTITY)."""
+        """Delete ``*.tmp`` left by a writer that died mid-create (in wal/, and IDENTITY's)."""
         gone: list[Path] = []
-        for d in (self.wal, self.snapshots):
-            if d.is_dir():
-                gone.extend(d.glob("*.tmp"))
+        # snapshots/*.tmp belong to the compactor, which cleans up after itself.
+        if self.wal.is_dir():
+            gone.extend(self.wal.glob("*.tmp"))
         stray = self.root / (IDENTITY + ".tmp")
         if stray.exists():
             gone.append(stray)

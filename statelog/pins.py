@@ -99,7 +99,8 @@ def retention_guard(store: Path) -> contextlib.AbstractContextManager[None]:
     """Exclusive guard for a deleter: call :func:`pinned_names` and delete inside it.
 
     Held only while listing pins and unlinking (milliseconds); :func:`pin`
-    waits for it, and it waits for pins being created.
+    waits for it, and it waits for pins being created. Never call :func:`pin`
+    inside it: flocks of two opens conflict even within one process.
     """
     return _guard(store, fcntl.LOCK_EX)
 
@@ -126,14 +127,18 @@ def pin(store: Path, names: Iterable[str], *, purpose: str) -> Iterator[Pin]:
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     visible: Path = tmp
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new inode: never contended
+        # Blocking: pinned_names() may hold this fresh file's lock for an instant
+        # while it decides the file is not stale.
+        fcntl.flock(fd, fcntl.LOCK_EX)
         doc = {
             "pid": os.getpid(),
             "purpose": purpose,
             "created": datetime.now(UTC).isoformat(timespec="milliseconds"),
             "files": sorted(clean),
         }
-        os.write(fd, (json.dumps(doc) + "\n").encode())
+        data = memoryview((json.dumps(doc) + "\n").encode())
+        while data:
+            data = data[os.write(fd, data) :]
         with _guard(store, fcntl.LOCK_SH):
             os.rename(tmp, final)
             visible = final

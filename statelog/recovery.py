@@ -153,7 +153,8 @@ def recover_log(
             end.sequence = seq
             end.unsealed = None if scan.sealed_lsn is not None else path
             if scan.sealed_lsn is not None:
-                end.boundaries[scan.sealed_lsn] = scan.end_crc
+                # An empty sealed segment repeats the LSN: the first seal is the link.
+                end.boundaries.setdefault(scan.sealed_lsn, scan.end_crc)
             continue
         if kind is StopKind.TORN:
             _torn(files, scan, data, offset, reason, end, prog, repair=repair)

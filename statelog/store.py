@@ -184,7 +184,12 @@ class StateStore:
             segment_bytes=segment_bytes,
             fragment_bytes=fragment_bytes,
         )
-        wal.on_seal = self._boundaries.__setitem__
+
+        def on_seal(lsn: int, crc: int) -> None:
+            # An empty sealed segment repeats the LSN: the first seal is the link.
+            self._boundaries.setdefault(lsn, crc)
+
+        wal.on_seal = on_seal
         epoch = self._state.epoch
         try:
             if end.unsealed is None:

@@ -100,7 +100,7 @@ def table_delta(name: Any, put: Mapping[Any, Any], delete: Iterable[Any]) -> Tab
         )
     keys = _strict_keys(put.keys(), name)
     try:
-        values = [encode_value(v) for v in put.values()]
+        values = list(map(encode_value, put.values()))
     except ENCODE_ERRORS as exc:
         bad = next(k for k, v in put.items() if not _encodes(v))
         raise InvalidCommitError(
