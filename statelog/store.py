@@ -29,6 +29,12 @@ from .errors import (
 )
 from .fileio import FileLayer
 from .group_commit import GroupCommitter
+from .inproc import (
+    CompactorMode,
+    InProcessCompactor,
+    check_compactor_options,
+    start_compactor,
+)
 from .ladder import recover_store
 from .layout import StoreLayout
 from .lock import StoreLock
@@ -70,6 +76,10 @@ class StateStore:
         readonly: bool = False,
         strict: bool = False,
         base_refresh: timedelta = timedelta(seconds=1),
+        compactor: CompactorMode = "none",
+        compactor_interval: timedelta = timedelta(seconds=30),
+        min_tail_bytes: int = 64 * _MiB,
+        retain: int = 3,
         file_layer: FileLayer | None = None,
     ) -> None:
         """Open the store at ``path``, creating it (writer) or failing (read-only) if absent.
@@ -87,6 +97,11 @@ class StateStore:
             instead of recovering to the last good commit.
         :param base_refresh: how often the writer looks for a new snapshot to
             use as its base level (swapped in off the commit path).
+        :param compactor: ``"none"`` (default: run the ``statelog-compactor``
+            daemon), or start one with the writer: ``"process"`` (a child
+            process) or ``"thread"``; it folds sealed segments every
+            ``compactor_interval`` once ``min_tail_bytes`` accumulated, and
+            keeps ``retain`` snapshots.
         :raises StoreLockedError: another writer has the store open.
         :raises CorruptionError: ``strict`` and the log is damaged.
         :raises FormatVersionError: files of a newer format.
@@ -98,6 +113,7 @@ class StateStore:
         for name, flag in (("readonly", readonly), ("strict", strict)):
             if not isinstance(flag, bool):
                 raise InvalidOptionError(f"{name}={flag!r}", hint="pass True or False")
+        check_compactor_options(compactor, compactor_interval, min_tail_bytes, retain)
         if not isinstance(base_refresh, timedelta) or base_refresh <= timedelta(0):
             raise InvalidOptionError(f"base_refresh={base_refresh!r}", hint="a positive timedelta")
         self.path = Path(path)
@@ -113,6 +129,7 @@ class StateStore:
         self._writer_lock: StoreLock | None = None
         self._group: GroupCommitter | None = None
         self._watcher: BaseWatcher | None = None
+        self._compactor: InProcessCompactor | None = None
         self._ro_images: Path | None = None
         self._boundaries: dict[int, int] = {}
         if readonly:
@@ -155,6 +172,13 @@ class StateStore:
             boundaries=self._boundaries,
             interval=base_refresh.total_seconds(),
         )
+        try:
+            self._compactor = start_compactor(
+                compactor, self.path, compactor_interval, min_tail_bytes, retain
+            )
+        except BaseException:
+            self.close()
+            raise
 
     def _open_writer(
         self, strict: bool, segment_bytes: int, fragment_bytes: int, group_delay: timedelta
@@ -415,6 +439,8 @@ class StateStore:
         # The flusher takes _lock to find the file it syncs: stop it unlocked.
         if self._group is not None:
             self._group.stop()
+        if self._compactor is not None:
+            self._compactor.stop()
         if self._watcher is not None:
             self._watcher.stop()
         with self._view:

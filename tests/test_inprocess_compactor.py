@@ -1,0 +1,55 @@
+"""``statelog.open(..., compactor="thread" | "process")``: compaction started by the writer.
+
+Each mode must fold sealed segments into snapshots while commits go on, the
+writer must swap them in as its base, close must stop the compactor, and a
+reopen must recover from a snapshot to exactly the committed state.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+import statelog
+from compactor.lock import CompactorLock
+from statelog.snapshot import list_snapshots
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_writer_started_compactor_folds_and_swaps(store_path: Path, mode: str) -> None:
+    opts = {
+        "segment_bytes": 4096,
+        "compactor": mode,
+        "compactor_interval": timedelta(milliseconds=100),
+        "min_tail_bytes": 0,
+        "retain": 2,
+        "base_refresh": timedelta(milliseconds=50),
+    }
+    model: dict[str, int] = {}
+    with statelog.open(store_path, **opts) as store:
+        deadline = time.monotonic() + 30
+        i = 0
+        while store._state.base_epoch == 0 and time.monotonic() < deadline:
+            i += 1
+            put = {f"k{i % 37}": i, f"pad{i % 5}": "x" * 300}
+            store.commit(offsets={"p": i}, low_watermark_ms=i, put=put)
+            model.update(put)
+            time.sleep(0.005)
+        assert store._state.base_epoch > 0, "no snapshot was swapped in"
+        assert dict(store.items()) == model
+        epoch = store.epoch
+    # close() stopped the compactor: its lock is free again.
+    CompactorLock(store_path).release()
+    assert list_snapshots(store_path / "snapshots")
+    with statelog.open(store_path) as again:
+        assert again.recovery.snapshot is not None
+        assert again.epoch == epoch and dict(again.items()) == model
+
+
+def test_unknown_compactor_mode_is_refused_before_anything_is_created(store_path: Path) -> None:
+    with pytest.raises(statelog.InvalidOptionError) as err:
+        statelog.open(store_path, compactor="daemon")
+    assert err.value.hint and not store_path.exists()
