@@ -148,6 +148,7 @@ class StateStore:
                     strict=strict,
                 )
             except BaseException:
+                self._state.base.close()
                 self._drop_images()
                 raise
             self._synced_epoch = self._state.epoch
@@ -418,7 +419,9 @@ class StateStore:
             yield k, decode_value(raw)
 
     def count(self, table: str = "default") -> int:
-        return self._state.count(table)
+        """Number of live keys in ``table``."""
+        with self._view:
+            return self._state.count(table)
 
     def tables(self) -> list[str]:
         """Names of the tables that have ever been written."""
