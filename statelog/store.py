@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import threading
 import types
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -38,7 +38,8 @@ from .inproc import (
 from .ladder import recover_store
 from .layout import StoreLayout
 from .lock import StoreLock
-from .records import CommitRecord, TableDelta, decode_value, encode_record
+from .reads import StoreReads
+from .records import CommitRecord, TableDelta, encode_record
 from .state import Key, LiveState
 from .swap import BaseWatcher
 from .transaction import Transaction
@@ -56,7 +57,7 @@ _EMPTY: Mapping[Any, Any] = types.MappingProxyType({})
 _MiB = 1 << 20
 
 
-class StateStore:
+class StateStore(StoreReads):
     """A changelog-backed state store. Create with :func:`statelog.open`.
 
     One writer per store (an exclusive lock); any number of read-only opens.
@@ -385,48 +386,6 @@ class StateStore:
             raise StoreClosedError(f"store {self.path} is closed")
         if self.readonly:
             raise ReadOnlyStoreError(f"store {self.path} was opened read-only")
-
-    # -- reading ---------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        """The epoch of the last commit (0 for a new store)."""
-        return self._state.epoch
-
-    @property
-    def offsets(self) -> dict[str, int]:
-        """A copy of the committed consumer offsets."""
-        with self._view:
-            return dict(self._state.offsets)
-
-    @property
-    def low_watermark_ms(self) -> int:
-        return self._state.low_watermark_ms
-
-    def get(self, key: Key, default: Any = None, table: str = "default") -> Any:
-        """The value of ``key`` in ``table`` (a fresh object), or ``default``."""
-        with self._view:
-            raw = self._state.get(table, key)
-        return default if raw is None else decode_value(raw)
-
-    def items(self, table: str = "default", prefix: Key | None = None) -> Iterator[tuple[Key, Any]]:
-        """``(key, value)`` pairs of ``table`` in key order (bytes keys first, then str).
-
-        The pairs are taken at the call, so later commits do not show up mid-iteration.
-        """
-        with self._view:
-            pairs = list(self._state.items(table, prefix))
-        for k, raw in pairs:
-            yield k, decode_value(raw)
-
-    def count(self, table: str = "default") -> int:
-        """Number of live keys in ``table``."""
-        with self._view:
-            return self._state.count(table)
-
-    def tables(self) -> list[str]:
-        """Names of the tables that have ever been written."""
-        with self._view:
-            return self._state.tables()
 
     # -- closing ---------------------------------------------------------
     def close(self) -> None:
