@@ -27,16 +27,14 @@ from pathlib import Path
 
 from statelog.recovery import list_segments
 from statelog.wal_format import (
-    FRAME_HEADER,
     HEADER_SIZE,
-    SEAL_FRAME_SIZE,
-    SEAL_PAYLOAD,
-    FrameType,
     SegmentHeader,
-    frame_crc,
 )
+from statelog.wal_reader import peek_seal
 
 __all__ = ["SegmentInfo", "Tail", "find_link", "list_segment_infos", "peek_seal", "sealed_tail"]
+
+# Re-exported: the compactor's planning peeks at seals exactly as recovery does.
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,27 +94,6 @@ def _pread(path: Path, size: int, offset: int) -> bytes:
         return os.pread(fd, size, offset)
     finally:
         os.close(fd)
-
-
-def peek_seal(path: Path, size: int) -> tuple[int, int] | None:
-    """``(last LSN, seal crc)`` if the last frame of ``path`` is a SEAL that verifies, else None.
-
-    Reads only the last 24 bytes. Unverified bytes elsewhere are not judged:
-    the fold reads and verifies a sealed segment whole.
-
-    :raises OSError: reading failed (FileNotFoundError: the segment went away).
-    """
-    if size < HEADER_SIZE + SEAL_FRAME_SIZE:
-        return None
-    tail = _pread(path, SEAL_FRAME_SIZE, size - SEAL_FRAME_SIZE)
-    if len(tail) != SEAL_FRAME_SIZE:
-        return None
-    crc, length, ftype, pad, reserved, _prev = FRAME_HEADER.unpack_from(tail)
-    if ftype != FrameType.SEAL or length != SEAL_PAYLOAD.size or pad or reserved:
-        return None
-    if frame_crc(tail[4:16], tail[16:]) != crc:
-        return None
-    return int(SEAL_PAYLOAD.unpack_from(tail, 16)[0]), crc
 
 
 def read_header(path: Path) -> SegmentHeader | None:

@@ -31,16 +31,8 @@ from .recovery import LogEnd, list_segments, recover_log
 from .report import RecoveryReport, Rejection
 from .snapshot import SnapshotMeta, extract_snapshot, list_snapshots, verify_snapshot
 from .state import LiveState
-from .wal_format import (
-    FRAME_HEADER,
-    FRAME_HEADER_SIZE,
-    HEADER_SIZE,
-    SEAL_FRAME_SIZE,
-    SEAL_PAYLOAD,
-    FrameType,
-    SegmentHeader,
-    frame_crc,
-)
+from .wal_format import HEADER_SIZE, SegmentHeader
+from .wal_reader import peek_seal
 
 __all__ = ["check_link", "image_path", "install_snapshot", "recover_store"]
 
@@ -69,7 +61,7 @@ def check_link(wal_dir: Path, meta: SnapshotMeta) -> str | None:
         if not covered:
             return None  # retention removed the whole log the snapshot covers
         # The log ends at the snapshot: its last segment must end in the seal named.
-        seal = _seal_at_end(covered[-1][2])
+        seal = peek_seal(covered[-1][2], covered[-1][2].stat().st_size)
         if seal != (meta.lsn, meta.chain):
             name = covered[-1][2].name
             return f"{name} does not end in a seal at LSN {meta.lsn} with crc {meta.chain:#010x}"
@@ -85,22 +77,6 @@ def check_link(wal_dir: Path, meta: SnapshotMeta) -> str | None:
     if prev != meta.chain:
         return f"{path.name} links to {prev:#010x}, the snapshot ends at {meta.chain:#010x}"
     return None
-
-
-def _seal_at_end(path: Path) -> tuple[int, int] | None:
-    """``(last LSN, crc)`` of the SEAL frame ending ``path``, if it ends in a verified one."""
-    with open(path, "rb") as fh:
-        fh.seek(0, 2)
-        size = fh.tell()
-        if size < HEADER_SIZE + SEAL_FRAME_SIZE:
-            return None
-        fh.seek(size - SEAL_FRAME_SIZE)
-        frame = fh.read(SEAL_FRAME_SIZE)
-    crc, length, ftype, _pad, _res, _prev = FRAME_HEADER.unpack_from(frame)
-    payload = frame[FRAME_HEADER_SIZE:]
-    if ftype != FrameType.SEAL or length != len(payload) or frame_crc(frame[4:16], payload) != crc:
-        return None
-    return int(SEAL_PAYLOAD.unpack(payload)[0]), int(crc)
 
 
 def install_snapshot(

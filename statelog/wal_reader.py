@@ -24,6 +24,7 @@ An ``OSError`` while reading is not a stop: it propagates to the caller.
 from __future__ import annotations
 
 import enum
+import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from .wal_format import (
     FRAME_HEADER,
     FRAME_HEADER_SIZE,
     HEADER_SIZE,
+    SEAL_FRAME_SIZE,
     SEAL_PAYLOAD,
     VERSION,
     FrameType,
@@ -42,7 +44,15 @@ from .wal_format import (
     padding,
 )
 
-__all__ = ["Record", "SegmentScan", "Stop", "StopKind", "salvage_frames", "scan_segment"]
+__all__ = [
+    "Record",
+    "SegmentScan",
+    "Stop",
+    "StopKind",
+    "peek_seal",
+    "salvage_frames",
+    "scan_segment",
+]
 
 SECTOR = 512
 
@@ -278,3 +288,28 @@ def _stop(
     else:
         extra = f"; a valid frame follows at {follows[0]}" if follows is not None else ""
         scan.stop = Stop(StopKind.CORRUPT, record_start, f"{why} at offset {at}{extra}")
+
+
+def peek_seal(path: Path, size: int) -> tuple[int, int] | None:
+    """``(last LSN, seal crc)`` if the last frame of ``path`` is a SEAL that verifies, else None.
+
+    Reads only the last 24 bytes. Unverified bytes elsewhere are not judged:
+    the fold reads and verifies a sealed segment whole.
+
+    :raises OSError: reading failed (FileNotFoundError: the segment went away).
+    """
+    if size < HEADER_SIZE + SEAL_FRAME_SIZE:
+        return None
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        tail = os.pread(fd, SEAL_FRAME_SIZE, size - SEAL_FRAME_SIZE)
+    finally:
+        os.close(fd)
+    if len(tail) != SEAL_FRAME_SIZE:
+        return None
+    crc, length, ftype, pad, reserved, _prev = FRAME_HEADER.unpack_from(tail)
+    if ftype != FrameType.SEAL or length != SEAL_PAYLOAD.size or pad or reserved:
+        return None
+    if frame_crc(tail[4:16], tail[16:]) != crc:
+        return None
+    return int(SEAL_PAYLOAD.unpack_from(tail, 16)[0]), crc
