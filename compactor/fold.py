@@ -31,7 +31,7 @@ Steps of :func:`compact`, in order:
 
 A SIGKILL at any step leaves the store as it was, plus at worst a
 ``*.tmp`` file and the scratch directory, both cleared by step 2 of the
-next pass (the writer's open also removes ``snapshots/*.tmp``).
+next pass (the writer leaves ``snapshots/*.tmp`` to the compactor).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ See ``docs/architecture.md`` for the design and ``docs/format.md`` for the files
 import logging as _logging
 
 from .errors import (
+    CompactorLockedError,
     CorruptionError,
     FormatVersionError,
     InvalidCommitError,
@@ -43,6 +44,7 @@ __version__ = "0.1.0"
 _logging.getLogger("statelog").addHandler(_logging.NullHandler())
 
 __all__ = [
+    "CompactorLockedError",
     "CorruptionError",
     "Durability",
     "FormatVersionError",

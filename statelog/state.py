@@ -130,13 +130,10 @@ class LiveState:
 
     def _merge_oldest(self) -> None:
         older, newer = self.generations[0], self.generations[1]
-        bottom = isinstance(self.base, EmptyBase)
+        # Delete markers are kept even with nothing below yet: a snapshot may
+        # later land inside the merged range and bring the deleted key back.
         for name, entries in newer.tables.items():
-            table = older.tables.setdefault(name, {})
-            table.update(entries)
-            if bottom:
-                for k in [k for k, v in entries.items() if v is None]:
-                    del table[k]
+            older.tables.setdefault(name, {}).update(entries)
         older.last_epoch = newer.last_epoch
         older.segment = newer.segment
         del self.generations[1]
