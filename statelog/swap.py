@@ -86,10 +86,16 @@ class BaseWatcher:
                 if meta.chain != chain:
                     raise CorruptionError(path, 0, f"chain {meta.chain:#010x} != log {chain:#010x}")
                 base = BaseLevel(dest)
-            except (CorruptionError, FormatVersionError, StorageError, OSError) as exc:
-                self._refused.add(path)
+            except (CorruptionError, FormatVersionError) as exc:
+                self._refused.add(path)  # damage does not heal: never try this file again
                 log.error(
                     "snapshot=%s event=snapshot_refused epoch=%d reason=%r", path.name, epoch, exc
+                )
+                continue
+            except (StorageError, OSError) as exc:
+                # Transient, or retention removed it meanwhile: look again next round.
+                log.warning(
+                    "snapshot=%s event=snapshot_unreadable epoch=%d error=%r", path.name, epoch, exc
                 )
                 continue
             with self._view:
