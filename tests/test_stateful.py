@@ -170,9 +170,17 @@ class StoreMachine(RuleBasedStateMachine):
         return self.store
 
     def abandon(self) -> None:
-        """Leave the store as a killed process would: no seal, no flush, lock and fd gone."""
+        """Leave the store as a killed process would: no seal, no flush, lock and fd gone.
+
+        A dead process has no threads either: the background snapshot watcher
+        (it only reads and never writes the log) is stopped so abandoned
+        stores do not pile up threads over thousands of steps.
+        """
         store = self.store
         assert store._writer_lock is not None and store._wal is not None
+        watcher = getattr(store, "_watcher", None)
+        if watcher is not None:
+            watcher.stop()
         store._writer_lock.release()
         store._wal.close()
         self.since_open = 0
