@@ -29,7 +29,7 @@ from .layout import StoreLayout
 from .pins import pin
 from .recovery import LogEnd, list_segments, recover_log
 from .report import RecoveryReport, Rejection
-from .snapshot import SnapshotMeta, extract_snapshot, list_snapshots, verify_snapshot
+from .snapshot import SnapshotMeta, extract_snapshot, list_snapshots
 from .state import LiveState
 from .wal_format import HEADER_SIZE, SegmentHeader
 from .wal_reader import peek_seal
@@ -80,21 +80,33 @@ def check_link(wal_dir: Path, meta: SnapshotMeta) -> str | None:
 
 
 def install_snapshot(
-    files: FileLayer, image_dir: Path, path: Path, store_id: uuid.UUID, state: LiveState
-) -> SnapshotMeta:
-    """Verify ``path`` while extracting it, map it as ``state``'s base, set epoch/offsets.
+    files: FileLayer,
+    image_dir: Path,
+    path: Path,
+    store_id: uuid.UUID,
+    state: LiveState,
+    wal_dir: Path | None = None,
+) -> tuple[SnapshotMeta, str | None]:
+    """Verify ``path`` while extracting it (one read), then map it as ``state``'s base.
+
+    With ``wal_dir``, the snapshot is installed only if it links to that log;
+    otherwise the image is removed and the reason returned.
 
     :raises CorruptionError: the snapshot did not verify (nothing installed).
     """
     dest = image_path(image_dir, path)
     files.makedirs(dest.parent)
     meta = extract_snapshot(files, path, dest, store_id=store_id)
+    why = check_link(wal_dir, meta) if wal_dir is not None else None
+    if why is not None:
+        files.remove(dest)
+        return meta, why
     old = state.swap_base(BaseLevel(dest), meta.lsn)
     old.close()
     state.epoch = meta.lsn
     state.offsets = dict(meta.offsets)
     state.low_watermark_ms = meta.low_watermark_ms
-    return meta
+    return meta, None
 
 
 def recover_store(
@@ -140,10 +152,8 @@ def _climb(
     rejected: list[Rejection] = []
     for _epoch, _lsn, path in list_snapshots(layout.snapshots):
         try:
-            meta = verify_snapshot(files, path, store_id=store_id)
-            why = check_link(layout.wal, meta)
-            if why is None:
-                meta = install_snapshot(files, image_dir, path, store_id, state)
+            # Hash verified on this read, while the image is extracted.
+            meta, why = install_snapshot(files, image_dir, path, store_id, state, layout.wal)
         except (CorruptionError, FormatVersionError) as exc:
             why = getattr(exc, "reason", None) or str(exc)
         if why is not None:
