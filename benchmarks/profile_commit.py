@@ -27,7 +27,7 @@ import gc
 import multiprocessing
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,7 +43,7 @@ from statelog.wal_writer import WalWriter
 from .strategies import StatelogStrategy, commit_checkpoint
 from .workload import DEFAULT_SEED, Workload
 
-__all__ = ["BUCKETS", "Breakdown", "instrument", "profile_commits", "profile_isolated"]
+__all__ = ["BUCKETS", "Breakdown", "Probe", "instrument", "profile_commits", "profile_isolated"]
 
 # (owner, attribute, step name). Nested: _strict_keys runs inside table_delta.
 _PROBES: tuple[tuple[Any, str, str], ...] = (
@@ -61,10 +61,18 @@ _PROBES: tuple[tuple[Any, str, str], ...] = (
 BUCKETS = ("validate", "encode", "frame+crc", "write", "fdatasync", "apply", "other")
 
 
+Probe = tuple[Any, str, str]
+"""(owner, attribute, step name): a module or class attribute to wrap with a timer."""
+
+
 @contextmanager
-def instrument() -> Iterator[dict[str, float]]:
-    """Time every probe while the block runs; yields step name -> total seconds."""
-    totals = {name: 0.0 for _, _, name in _PROBES}
+def instrument(probes: Sequence[Probe] = _PROBES) -> Iterator[dict[str, float]]:
+    """Time every probe while the block runs; yields step name -> total seconds.
+
+    Each ``owner.attribute`` is replaced by a timing wrapper and put back on
+    exit; ``probes`` defaults to the steps of the commit path.
+    """
+    totals = {name: 0.0 for _, _, name in probes}
     saved: list[tuple[Any, str, Any]] = []
 
     def timed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -80,7 +88,7 @@ def instrument() -> Iterator[dict[str, float]]:
         return wrapper
 
     try:
-        for owner, attr, name in _PROBES:
+        for owner, attr, name in probes:
             original = owner.__dict__[attr]
             saved.append((owner, attr, original))
             setattr(owner, attr, timed(original, name))

@@ -1,13 +1,16 @@
 """Run every strategy side by side and rewrite docs/benchmarks.md.
 
-    python benchmarks/run.py --quick            # 10k and 100k keys, < 2 minutes
-    python benchmarks/run.py --full             # 10k, 100k and 1M keys
+    python benchmarks/run.py --quick            # issue 2 at 10k/100k keys, issue 3 small
+    python benchmarks/run.py --full             # issue 2 at 10k/100k/1M, issue 3 at 1M/10M
     python benchmarks/run.py --full --out docs/benchmarks.md
 
-Each (strategy, state size) is measured in its own spawned interpreter, one
-after the other, then an instrumented pass profiles statelog's commit path
-at the largest size. The other options exist for experiments and for the
-smoke test (tiny sizes); the report records the exact command line.
+Issue 2: each (strategy, state size) is measured in its own spawned
+interpreter, one after the other, then an instrumented pass profiles
+statelog's commit path at the smallest and largest size. Issue 3
+(:mod:`benchmarks.issue3`): restart after SIGKILL, commit latency with the
+compaction daemon and without, and memory. The other options exist for
+experiments and for the smoke test (tiny sizes); the report records the
+exact command line.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.issue3 import PARTS, Issue3, Issue3Config, run_issue3  # noqa: E402
 from benchmarks.measure import RunResult, RunSpec, measure_isolated  # noqa: E402
 from benchmarks.profile_commit import Breakdown, profile_isolated  # noqa: E402
 from benchmarks.report import Report, machine_info, python_command, render  # noqa: E402
@@ -48,6 +52,35 @@ class Plan:
     warmup: int = 3
     profile_commits: int = 20
     seed: int = DEFAULT_SEED
+    parts: tuple[str, ...] = ("commit", *PARTS)
+    """``commit`` (issue 2) and issue 3's ``restart``, ``daemon``, ``memory``."""
+    restart_keys: int = 1_000_000
+    restart_tail: int = 100_000
+    restart_repeats: int = 3
+    daemon_keys: int = 1_000_000
+    daemon_checkpoints: int = 300
+    daemon_pairs: int = 2
+    memory_keys: tuple[int, ...] = (1_000_000, 10_000_000)
+    memory_updates: int = 200_000
+
+    def issue3(self) -> Issue3Config | None:
+        """Issue 3's part of the plan, or None if none of its parts is selected."""
+        parts = tuple(p for p in self.parts if p in PARTS)
+        if not parts:
+            return None
+        return Issue3Config(
+            restart_keys=self.restart_keys,
+            restart_tail=self.restart_tail,
+            restart_repeats=self.restart_repeats,
+            daemon_keys=self.daemon_keys,
+            daemon_checkpoints=self.daemon_checkpoints,
+            daemon_pairs=self.daemon_pairs,
+            memory_keys=self.memory_keys,
+            memory_updates=self.memory_updates,
+            updates=self.updates,
+            parts=parts,
+            seed=self.seed,
+        )
 
     def json_count(self, keys: int) -> int:
         if self.json_checkpoints is not None:
@@ -68,8 +101,25 @@ class Plan:
         return out
 
 
-QUICK = Plan("quick", (10_000, 100_000), statelog_checkpoints=40, profile_commits=20)
-FULL = Plan("full", (10_000, 100_000, 1_000_000), statelog_checkpoints=300, profile_commits=50)
+QUICK = Plan(
+    "quick",
+    (10_000, 100_000),
+    statelog_checkpoints=40,
+    profile_commits=20,
+    restart_keys=100_000,
+    restart_tail=10_000,
+    daemon_keys=100_000,
+    daemon_checkpoints=100,
+    memory_keys=(1_000_000,),
+)
+FULL = Plan(
+    "full",
+    (10_000, 100_000, 1_000_000),
+    statelog_checkpoints=300,
+    profile_commits=50,
+    restart_repeats=5,
+    daemon_checkpoints=500,
+)
 
 
 def _log(msg: str) -> None:
@@ -112,6 +162,19 @@ def _loadavg(avg: tuple[float, float, float]) -> str:
     return " / ".join(f"{x:.2f}" for x in avg)
 
 
+def _cpu_pressure() -> str:
+    """``some avg60`` and ``avg300`` of /proc/pressure/cpu, e.g. "76% / 78%" ("" if absent)."""
+    try:
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return ""
+    fields = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
+    try:
+        return f"{float(fields['avg60']):.0f}% / {float(fields['avg300']):.0f}%"
+    except (KeyError, ValueError):
+        return ""
+
+
 def _sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(s.replace("_", "")) for s in text.split(",") if s.strip())
@@ -143,7 +206,33 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, help="unmeasured checkpoints first")
     ap.add_argument("--profile-commits", type=int, help="instrumented commits (0: no profile)")
     ap.add_argument("--seed", type=int, help=f"workload seed (default {DEFAULT_SEED})")
+    ap.add_argument(
+        "--parts",
+        type=_parts,
+        help=f"comma-separated subset of {','.join(ALL_PARTS)} (default: all)",
+    )
+    ap.add_argument("--restart-keys", type=int, help="issue 3: state size of the restart")
+    ap.add_argument("--restart-tail", type=int, help="issue 3: updates after the snapshot")
+    ap.add_argument("--restart-repeats", type=int, help="issue 3: fresh-process restores each")
+    ap.add_argument("--daemon-keys", type=int, help="issue 3: state size of the daemon runs")
+    ap.add_argument("--daemon-checkpoints", type=int, help="issue 3: measured commits per run")
+    ap.add_argument("--daemon-pairs", type=int, help="issue 3: runs per condition")
+    ap.add_argument(
+        "--memory-keys", type=_sizes, help="issue 3: base sizes for RssAnon, e.g. 1000000"
+    )
+    ap.add_argument("--memory-updates", type=int, help="issue 3: updates buffered in the overlay")
     return ap
+
+
+ALL_PARTS = ("commit", *PARTS)
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    parts = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in parts if p not in ALL_PARTS]
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(f"parts are {', '.join(ALL_PARTS)}; got {text!r}")
+    return parts
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -158,20 +247,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         "warmup": args.warmup,
         "profile_commits": args.profile_commits,
         "seed": args.seed,
+        "parts": args.parts,
+        "restart_keys": args.restart_keys,
+        "restart_tail": args.restart_tail,
+        "restart_repeats": args.restart_repeats,
+        "daemon_keys": args.daemon_keys,
+        "daemon_checkpoints": args.daemon_checkpoints,
+        "daemon_pairs": args.daemon_pairs,
+        "memory_keys": args.memory_keys,
+        "memory_updates": args.memory_updates,
     }
     plan = replace(plan, **{k: v for k, v in overrides.items() if v is not None})
-    if plan.updates > min(plan.sizes):
+    if "commit" in plan.parts and plan.updates > min(plan.sizes):
         _parser().error(f"--updates {plan.updates} is larger than the smallest state size")
 
     started = dt.datetime.now(dt.UTC)
-    load_before = os.getloadavg()
+    load_before, psi_before = os.getloadavg(), _cpu_pressure()
     t0 = time.perf_counter()
-    results, breakdowns = run(plan, args.dir)
+    results, breakdowns = run(plan, args.dir) if "commit" in plan.parts else ([], [])
+    issue3: Issue3 | None = None
+    cfg = plan.issue3()
+    if cfg is not None:
+        issue3 = run_issue3(cfg, args.dir, _log)
     machine = machine_info(Path(args.dir or tempfile.gettempdir()))
-    load_after = os.getloadavg()
+    load_after, psi_after = os.getloadavg(), _cpu_pressure()
     machine["load average (1, 5, 15 min)"] = (
         f"{_loadavg(load_before)} at the start, {_loadavg(load_after)} at the end"
     )
+    if psi_before or psi_after:
+        machine["CPU pressure (/proc/pressure/cpu, some avg60/avg300)"] = (
+            f"{psi_before or '-'} at the start, {psi_after or '-'} at the end: the share of "
+            "time some runnable task waited for a core"
+        )
     report = Report(
         command=python_command(["benchmarks/run.py", *args_list]),
         mode=plan.mode,
@@ -180,6 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         machine=machine,
         started=started,
         seconds=time.perf_counter() - t0,
+        issue3=issue3,
     )
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)

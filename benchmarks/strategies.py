@@ -150,6 +150,15 @@ class JsonSnapshotStrategy:
     def checkpoint(self, cp: Checkpoint) -> Sample:
         c0 = time.process_time()
         t0 = time.perf_counter()
+        self.apply(cp)
+        t1 = time.perf_counter()
+        size, parts = self.snapshot()
+        t2 = time.perf_counter()
+        c1 = time.process_time()
+        return Sample(t2 - t0, c1 - c0, size, {"apply": t1 - t0, "snapshot": t2 - t1, **parts})
+
+    def apply(self, cp: Checkpoint) -> None:
+        """Apply ``cp`` to the in-memory state only (no snapshot); the epoch advances."""
         state = self.state
         state.update(cp.put)
         for k in cp.delete:
@@ -157,11 +166,6 @@ class JsonSnapshotStrategy:
         self.offsets.update(cp.offsets)
         self.low_watermark_ms = cp.low_watermark_ms
         self.epoch += 1
-        t1 = time.perf_counter()
-        size, parts = self.snapshot()
-        t2 = time.perf_counter()
-        c1 = time.process_time()
-        return Sample(t2 - t0, c1 - c0, size, {"apply": t1 - t0, "snapshot": t2 - t1, **parts})
 
     def snapshot(self) -> tuple[int, dict[str, float]]:
         """Write the full snapshot of the current epoch; returns its size and step times."""
@@ -197,6 +201,38 @@ class JsonSnapshotStrategy:
         t3 = time.perf_counter()
         size = len(head) + len(body) + 1
         return size, {"serialize": t1 - t0, "hash": t2 - t1, "write+fsync+rename": t3 - t2}
+
+    def newest(self) -> Path | None:
+        """The newest snapshot file written, if any."""
+        return self._written[-1] if self._written else None
+
+    @staticmethod
+    def restore(path: Path) -> tuple[dict[str, Any], dict[str, float]]:
+        """Read a snapshot this strategy wrote, verify its sha256, parse it: the seed's restore.
+
+        Returns the checkpoint document (``epoch``, ``offsets``,
+        ``low_watermark_ms``, ``state``) and the wall time of each step.
+
+        :raises ValueError: not such a snapshot, or the hash does not match.
+        """
+        t0 = time.perf_counter()
+        with open(path, "rb") as fh:
+            data = fh.read()
+        t1 = time.perf_counter()
+        prefix, middle = b'{"sha256":"', b'","checkpoint":'
+        start = len(prefix) + 64 + len(middle)
+        if not data.startswith(prefix) or data[start - len(middle) : start] != middle:
+            raise ValueError(f"{path}: not a JSON snapshot of this strategy")
+        if not data.endswith(b"}"):
+            raise ValueError(f"{path}: truncated")
+        body = memoryview(data)[start:-1]
+        digest = hashlib.sha256(body).hexdigest().encode()
+        if digest != data[len(prefix) : len(prefix) + 64]:
+            raise ValueError(f"{path}: sha256 mismatch")
+        t2 = time.perf_counter()
+        doc: dict[str, Any] = json.loads(body.tobytes())
+        t3 = time.perf_counter()
+        return doc, {"read": t1 - t0, "verify sha256": t2 - t1, "json.loads": t3 - t2}
 
     def close(self) -> None:
         self.state = {}

@@ -1,4 +1,8 @@
-"""The benchmark code, run once on tiny sizes so that it cannot rot. No timing is asserted."""
+"""The benchmark code, run once on tiny sizes so that it cannot rot. No timing is asserted.
+
+Issue 3's parts (restart after SIGKILL, the daemon's effect on commit latency, memory)
+run through the runner at 200 keys; their building blocks are checked on their own.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,13 @@ from pathlib import Path
 
 import pytest
 
+import statelog
 from benchmarks import run
+from benchmarks.daemon_latency import _parse_log
 from benchmarks.measure import RunSpec, measure, percentile
+from benchmarks.memory import measure_memory
 from benchmarks.profile_commit import _PROBES, BUCKETS, profile_commits
+from benchmarks.stores import build_template, clone_store
 from benchmarks.strategies import JsonSnapshotStrategy, StatelogStrategy
 from benchmarks.workload import Workload
 
@@ -78,11 +86,17 @@ def test_profile_pass_puts_statelog_back(tmp_path: Path) -> None:
     assert b.steps["fdatasync"] > 0 and b.steps["apply"] > 0 and b.steps["table_delta"] > 0
 
 
+ISSUE3_TINY = ["--restart-keys", f"{KEYS}", "--restart-tail", f"{UPDATES}", "--restart-repeats"]
+ISSUE3_TINY += ["1", "--daemon-keys", f"{KEYS}", "--daemon-checkpoints", "3", "--daemon-pairs"]
+ISSUE3_TINY += ["1", "--memory-keys", f"{KEYS}", "--memory-updates", f"{UPDATES}"]
+
+
 def test_runner_writes_the_report(tmp_path: Path) -> None:
+    """Every part once, issue 2's and issue 3's, at tiny sizes: the whole report renders."""
     out = tmp_path / "benchmarks.md"
     argv = ["--quick", "--sizes", f"{KEYS}", "--updates", f"{UPDATES}", "--checkpoints", "2"]
     argv += ["--json-checkpoints", "2", "--warmup", "1", "--profile-commits", "2"]
-    argv += ["--out", str(out), "--dir", str(tmp_path)]
+    argv += [*ISSUE3_TINY, "--out", str(out), "--dir", str(tmp_path)]
     assert run.main(argv) == 0
     text = out.read_text()
     for needle in (
@@ -94,8 +108,88 @@ def test_runner_writes_the_report(tmp_path: Path) -> None:
         "| fdatasync |",
         "crc32c.hardware_based",
         "benchmarks/run.py --quick --sizes 200",
+        "## Targets (issue 3)",
+        "| restart vs full replay |",
+        "| restart vs the floor |",
+        "| p99 commit with the daemon |",
+        "| RssAnon, 1M-key base |",
+        "| overlay memory per update |",
+        "## Restart after SIGKILL",
+        "(d) floor: read + decompress the snapshot, read the tail",
+        "- Same state: (a), (b) and (c) restored 200, 200, 200 keys",
+        "| replay the log tail |",
+        "## Commit latency with the compaction daemon",
+        "| with the daemon | 3 |",
+        "Daemon exit status after SIGTERM: 0;",
+        "## Memory: a file-backed base, and the overlay",
+        "overlay entries  <=  (T + S) / w  +  u * (2 P + I + L)",
     ):
         assert needle in text, needle
+    assert "STATE MISMATCH" not in text
+    assert list(tmp_path.iterdir()) == [out]  # every temporary store is gone
+
+
+def test_issue3_parts_alone_skip_issue2(tmp_path: Path) -> None:
+    out = tmp_path / "benchmarks.md"
+    argv = ["--quick", "--parts", "memory", "--memory-keys", f"{KEYS}", "--memory-updates", "20"]
+    argv += ["--out", str(out), "--dir", str(tmp_path)]
+    assert run.main(argv) == 0
+    text = out.read_text()
+    assert "Issue 2's measurements were not part of this invocation" in text
+    assert "## Targets (issue 2)" not in text and "## Restart after SIGKILL" not in text
+    assert "| RssAnon, 10M-key base |" in text and "not measured" in text
+    with pytest.raises(SystemExit):
+        run.main(["--quick", "--parts", "restart,nonsense"])
+
+
+def test_template_clone_and_memory_probe(tmp_path: Path) -> None:
+    t = build_template(tmp_path / "template", KEYS)
+    assert t.snapshot.exists() and t.image_bytes > 0 and t.epoch == 1  # one 50k-key chunk
+    # The kept log reaches back to epoch 1; the store's own log may have been trimmed.
+    assert sorted(p.name for p in t.log.iterdir())[0].endswith("0000000000000001.wal")
+    clone = tmp_path / "clone"
+    clone_store(t.path, clone)
+    m = measure_memory(clone, KEYS, t.image_bytes, UPDATES)
+    assert m.base == t.snapshot.name and m.count == KEYS
+    assert m.overlay_entries_open == 0 and m.overlay_entries_updated == UPDATES
+    assert m.rss_anon_open > 0 and m.wal_bytes_updated > 0
+    # The clone shares the template's immutable files and never wrote into them.
+    assert (clone / "IDENTITY").stat().st_ino == (t.path / "IDENTITY").stat().st_ino
+    with statelog.open(t.path, readonly=True) as template_store:
+        assert template_store.count() == KEYS
+
+
+def test_json_restore_verifies_the_hash(tmp_path: Path) -> None:
+    js = JsonSnapshotStrategy(tmp_path)
+    js.load(Workload(KEYS, UPDATES).initial_chunks(chunk=64))
+    js.apply(Workload(KEYS, UPDATES).checkpoint(0))
+    js.snapshot()
+    path = js.newest()
+    assert path is not None
+    doc, parts = JsonSnapshotStrategy.restore(path)
+    assert doc["state"] == js.state and doc["epoch"] == 1
+    assert set(parts) == {"read", "verify sha256", "json.loads"}
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="sha256"):
+        JsonSnapshotStrategy.restore(path)
+
+
+def test_daemon_log_lines_parse() -> None:
+    text = (
+        "ts=2026-01-02T03:04:05.500Z level=INFO event=pass_done store=/s snapshot=- "
+        "skipped=nothing_new folded=0 deleted=0 bytes_read=0 seconds=0.010\n"
+        'ts=2026-01-02T03:04:07.000Z level=ERROR event=pass_failed store=/s error="x y"\n'
+        "ts=2026-01-02T03:04:09.250Z level=INFO event=pass_done store=/s "
+        "snapshot=0000000000000002-0000000000000002.snap skipped=- seconds=1.250\n"
+        "not a log line\n"
+    )
+    passes, errors = _parse_log(text)
+    assert [p.snapshot for p in passes] == [False, True]
+    assert passes[1].seconds == 1.25 and passes[1].end - passes[0].end == pytest.approx(3.75)
+    assert passes[1].start == pytest.approx(passes[1].end - 1.25)
+    assert len(errors) == 1 and "pass_failed" in errors[0]
 
 
 def test_pytest_benchmark_suite_runs_once(tmp_path: Path) -> None:
