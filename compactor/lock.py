@@ -15,66 +15,28 @@ start of a pass: no other compactor can be writing them.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
 from pathlib import Path
 from types import TracebackType
 
-from statelog.errors import CompactorLockedError
+from statelog.errors import CompactorLockedError, StatelogError
+from statelog.lock import PidLock
 
 __all__ = ["LOCK_NAME", "CompactorLock"]
 
 LOCK_NAME = "COMPACTOR.LOCK"
 
 
-def _read_pid(fd: int) -> int | None:
-    try:
-        return int(os.pread(fd, 32, 0).decode().strip() or "x")
-    except (ValueError, OSError):
-        return None
+class CompactorLock(PidLock):
+    """An acquired compactor lock on one store; :meth:`release` (or death) frees it.
 
+    :raises CompactorLockedError: another compactor holds it (its pid is named).
+    :raises OSError: the lock file cannot be created (missing or read-only store).
+    """
 
-class CompactorLock:
-    """An acquired compactor lock on one store; :meth:`release` (or death) frees it."""
+    name = LOCK_NAME
 
-    def __init__(self, store: Path) -> None:
-        """Take the lock on ``store`` (a directory that exists).
-
-        Steps: open (creating) ``COMPACTOR.LOCK``, ``flock`` it without
-        waiting, then write the pid. The pid is informational and not
-        fsynced: the lock itself lives in the kernel.
-
-        :raises CompactorLockedError: another compactor holds it (its pid is named).
-        :raises OSError: the lock file cannot be created (missing or read-only store).
-        """
-        self.store = store
-        self.path = store / LOCK_NAME
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = _read_pid(fd)
-            os.close(fd)
-            raise CompactorLockedError(store, pid) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd: int | None = fd
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def release(self) -> None:
-        """Clear the pid and drop the lock. Idempotent."""
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-            os.close(fd)
+    def locked(self, store: Path, pid: int | None) -> StatelogError:
+        return CompactorLockedError(store, pid)
 
     def __enter__(self) -> CompactorLock:
         return self
