@@ -101,12 +101,22 @@ def _floor_miss_note(r: RestartResult) -> str:
     def ms(i: int) -> str:
         return f"{steps.get(OPEN_STEPS[i][2], 0.0) * 1e3:,.0f} ms"
 
+    extra = []
+    if steps.get(OPEN_STEPS[0][2], 0.0) > 0:
+        extra.append(
+            f"a separate verification pass that reads and hashes the whole snapshot "
+            f"({ms(0)}) before extraction hashes it again"
+        )
+    extra += [
+        f"writing the image to `base/` ({ms(3)})",
+        f"renaming it over the previous image ({ms(4)}: on ext4 that frees the old image's "
+        "blocks and flushes the new file inside the rename)",
+        f"replaying the tail ({ms(6)})",
+    ]
     return (
-        "Beyond the floor, in the instrumented open: a separate verification pass that "
-        f"reads and hashes the whole snapshot ({ms(0)}) before extraction hashes it again; "
-        f"writing the image to `base/` ({ms(3)}); renaming it over the previous image "
-        f"({ms(4)}: ext4 flushes a file renamed over another); replaying the tail "
-        f"({ms(6)}). See the breakdown below."
+        "Beyond the floor, in the instrumented open: "
+        + "; ".join(extra)
+        + ". See the breakdown below."
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -162,6 +163,22 @@ def _loadavg(avg: tuple[float, float, float]) -> str:
     return " / ".join(f"{x:.2f}" for x in avg)
 
 
+def _head() -> str:
+    """The repository's HEAD commit, short ("" outside a git checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.strip()
+
+
 def _cpu_pressure() -> str:
     """``some avg60`` and ``avg300`` of /proc/pressure/cpu, e.g. "76% / 78%" ("" if absent)."""
     try:
@@ -262,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _parser().error(f"--updates {plan.updates} is larger than the smallest state size")
 
     started = dt.datetime.now(dt.UTC)
+    head_before = _head()
     load_before, psi_before = os.getloadavg(), _cpu_pressure()
     t0 = time.perf_counter()
     results, breakdowns = run(plan, args.dir) if "commit" in plan.parts else ([], [])
@@ -270,6 +288,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cfg is not None:
         issue3 = run_issue3(cfg, args.dir, _log)
     machine = machine_info(Path(args.dir or tempfile.gettempdir()))
+    head_after = _head()
+    if head_before != head_after:
+        machine["source"] += (
+            f" (HEAD moved from {head_before or '?'} to {head_after or '?'} during the run: "
+            "earlier parts ran the older code)"
+        )
     load_after, psi_after = os.getloadavg(), _cpu_pressure()
     machine["load average (1, 5, 15 min)"] = (
         f"{_loadavg(load_before)} at the start, {_loadavg(load_after)} at the end"
