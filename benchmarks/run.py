@@ -179,6 +179,23 @@ def _head() -> str:
     return out.strip()
 
 
+def _code_changed(a: str, b: str) -> bool:
+    """Whether statelog/ or compactor/ differ between commits ``a`` and ``b`` (True if unsure)."""
+    if not a or not b:
+        return True
+    try:
+        proc = subprocess.run(
+            ["git", "diff", "--quiet", a, b, "--", "statelog", "compactor"],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return True
+    return proc.returncode != 0
+
+
 def _cpu_pressure() -> str:
     """``some avg60`` and ``avg300`` of /proc/pressure/cpu, e.g. "76% / 78%" ("" if absent)."""
     try:
@@ -290,9 +307,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = machine_info(Path(args.dir or tempfile.gettempdir()))
     head_after = _head()
     if head_before != head_after:
+        changed = _code_changed(head_before, head_after)
         machine["source"] += (
-            f" (HEAD moved from {head_before or '?'} to {head_after or '?'} during the run: "
-            "earlier parts ran the older code)"
+            f" (HEAD moved from {head_before or '?'} to {head_after or '?'} during the run; "
+            + (
+                "statelog/ or compactor/ changed: earlier parts ran the older code)"
+                if changed
+                else "statelog/ and compactor/ are the same in both)"
+            )
         )
     load_after, psi_after = os.getloadavg(), _cpu_pressure()
     machine["load average (1, 5, 15 min)"] = (
