@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 import uuid
 from pathlib import Path
 
@@ -149,6 +150,7 @@ def _climb(
     repair: bool,
     strict: bool,
 ) -> tuple[RecoveryReport, LogEnd]:
+    started = time.perf_counter()  # the report's seconds include the snapshot's extraction
     rejected: list[Rejection] = []
     for _epoch, _lsn, path in list_snapshots(layout.snapshots):
         try:
@@ -170,7 +172,7 @@ def _climb(
             after=(meta.lsn, meta.chain),
         )
         _remove_stale_images(files, image_dir, keep=image_path(image_dir, path))
-        return _with(report, path, rejected), end
+        return _with(report, path, rejected, started), end
     try:
         report, end = recover_log(files, layout.wal, store_id, state, repair=repair, strict=strict)
     except ResnapshotRequired as exc:
@@ -181,14 +183,17 @@ def _climb(
             "no snapshot verifies and the log does not reach epoch 1", tried
         ) from exc
     _remove_stale_images(files, image_dir, keep=None)
-    return _with(report, None, rejected), end
+    return _with(report, None, rejected, started), end
 
 
 def _with(
-    report: RecoveryReport, snapshot: Path | None, rejected: list[Rejection]
+    report: RecoveryReport, snapshot: Path | None, rejected: list[Rejection], started: float
 ) -> RecoveryReport:
     return dataclasses.replace(
-        report, snapshot=snapshot, rejected=tuple(rejected) + report.rejected
+        report,
+        snapshot=snapshot,
+        rejected=tuple(rejected) + report.rejected,
+        seconds=time.perf_counter() - started,
     )
 
 
