@@ -20,14 +20,18 @@ See ``docs/architecture.md`` for the design and ``docs/format.md`` for the files
 import logging as _logging
 
 from .errors import (
+    AuditError,
     CompactorLockedError,
     CorruptionError,
+    FencedError,
     FormatVersionError,
     InvalidCommitError,
     InvalidOptionError,
     NotAStoreError,
     ReadOnlyStoreError,
+    RemoteError,
     ResnapshotRequired,
+    SinkError,
     StatelogError,
     StorageError,
     StoreClosedError,
@@ -44,9 +48,11 @@ __version__ = "0.1.0"
 _logging.getLogger("statelog").addHandler(_logging.NullHandler())
 
 __all__ = [
+    "AuditError",
     "CompactorLockedError",
     "CorruptionError",
     "Durability",
+    "FencedError",
     "FormatVersionError",
     "InvalidCommitError",
     "InvalidOptionError",
@@ -55,7 +61,9 @@ __all__ = [
     "ReadOnlyStoreError",
     "RecoveryReport",
     "Rejection",
+    "RemoteError",
     "ResnapshotRequired",
+    "SinkError",
     "StateStore",
     "StatelogError",
     "StorageError",

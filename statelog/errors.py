@@ -14,14 +14,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = [
+    "AuditError",
     "CompactorLockedError",
     "CorruptionError",
+    "FencedError",
     "FormatVersionError",
     "InvalidCommitError",
     "InvalidOptionError",
     "NotAStoreError",
     "ReadOnlyStoreError",
+    "RemoteError",
     "ResnapshotRequired",
+    "SinkError",
     "StatelogError",
     "StorageError",
     "StoreClosedError",
@@ -166,3 +170,38 @@ class StorageError(StatelogError, OSError):
     def __init__(self, message: str, *, errno: int | None = None, hint: str | None = None) -> None:
         StatelogError.__init__(self, message, hint=hint)
         self.errno = errno
+
+
+class AuditError(StatelogError):
+    """The audit trail could not be read or written, or is not an audit trail."""
+
+    hint = "run `statelog audit STORE --verify` to see which entry is at fault"
+
+
+class SinkError(StatelogError):
+    """An idempotent sink refused an output or could not reach its target."""
+
+    hint = "check the sink's target (database file or server); the state was not committed"
+
+
+class RemoteError(StatelogError):
+    """The object store refused a request or returned bytes that do not verify."""
+
+    hint = (
+        "check the remote URL and the AWS_* environment; nothing local was changed "
+        "because of this error"
+    )
+
+
+class FencedError(StatelogError):
+    """A newer writer generation owns the store: this writer was fenced off after a takeover."""
+
+    hint = (
+        "another host took this store over; stop this writer and reopen the store "
+        "(or restore it) on the host that owns it now"
+    )
+
+    def __init__(self, message: str, *, ours: int, current: int, hint: str | None = None) -> None:
+        super().__init__(f"{message} (our generation {ours}, current {current})", hint=hint)
+        self.ours = ours
+        self.current = current
