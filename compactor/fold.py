@@ -46,6 +46,7 @@ from pathlib import Path
 
 from statelog.base import ImageBuilder
 from statelog.errors import CorruptionError, FormatVersionError, InvalidOptionError
+from statelog.events import emit
 from statelog.fileio import FileLayer
 from statelog.layout import StoreLayout
 from statelog.pins import pin
@@ -174,10 +175,42 @@ def compact(
             bytes_read=result.bytes_read,
             seconds=result.seconds,
         )
+        if result.snapshot is not None:
+            emit(
+                root,
+                "compaction",
+                snapshot=result.snapshot.name,
+                epoch=result.epochs.stop - 1,
+                lsn=result.epochs.stop - 1,
+                base=result.base.name if result.base else None,
+                segments=len(result.segments),
+                records=len(result.epochs),
+                bytes=result.bytes_read,
+                seconds=round(result.seconds, 6),
+            )
         return result
     finally:
         if lock is None:
             held.release()
+
+
+# (store, file, reason) already reported by this process: a daemon that meets
+# the same damaged file on every pass reports it once, so the mismatch
+# counter and the audit trail count damage, not passes.
+_reported: set[tuple[str, str, str]] = set()
+
+
+def _mismatch(p: _Pass, path: Path, offset: int | None, reason: str, *, walk_back: bool) -> None:
+    key = (str(p.root.resolve()), path.name, reason)
+    if key in _reported:
+        return
+    _reported.add(key)
+    if walk_back:
+        emit(p.root, "walk_back", file=path.name, reason=reason, source="compactor")
+    emit(
+        p.root, "integrity_mismatch", file=path.name, offset=offset, reason=reason,
+        source="compactor",
+    )  # fmt: skip
 
 
 def _check_options(min_bytes: int, min_records: int, retain: int, level: int) -> None:
@@ -283,6 +316,7 @@ def _fold_from(
                 logging.ERROR, "snapshot_damaged", file=f"snapshots/{base.name}", reason=exc.reason
             )
             p.damaged.append(base)
+            _mismatch(p, base, exc.offset, exc.reason, walk_back=True)
             return None
         except FormatVersionError as exc:
             p.say(logging.WARNING, "snapshot_unreadable", file=base.name, reason=exc.message)
@@ -294,12 +328,11 @@ def _fold_from(
     with builder:
         start = find_link(tail, base_lsn, chain, p.store_id)
         if start is None:
-            p.say(
-                logging.ERROR,
-                "snapshot_unlinked",
-                base=base.name if base else "empty",
-                reason=f"no segment starts at LSN {base_lsn + 1} with prev_crc {chain:#010x}",
-            )
+            unlinked = f"no segment starts at LSN {base_lsn + 1} with prev_crc {chain:#010x}"
+            name = base.name if base else "empty"
+            p.say(logging.ERROR, "snapshot_unlinked", base=name, reason=unlinked)
+            if base is not None:
+                _mismatch(p, base, None, unlinked, walk_back=True)
             return None
         p.say(
             logging.DEBUG, "fold_started", base=base.name if base else "empty",
@@ -318,6 +351,7 @@ def _fold_from(
                         folded_to=fold.epoch,
                     )  # fmt: skip
                     p.damaged.append(seg.path)
+                    _mismatch(p, seg.path, None, why, walk_back=False)
                 break
         p.bytes_read += fold.bytes_read
         if fold.good_epoch == base_lsn:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from statelog.errors import CorruptionError, FormatVersionError
+from statelog.events import emit
 from statelog.fileio import FileLayer
 from statelog.layout import SNAPSHOT_DIR, WAL_DIR
 from statelog.pins import ALL, pinned_names, retention_guard
@@ -101,6 +102,7 @@ def apply_retention(
                 logging.INFO, "deleted", store, file=_rel(path), reason="older_than_retained",
                 epoch=meta.epoch, retain=retain, oldest_kept=oldest,
             )  # fmt: skip
+            emit(store, "retention_delete", file=_rel(path), reason="older_than_retained")
         for seg in doomed_segs:
             if seg.name in pinned:
                 _say(logging.INFO, "deletion_deferred", store, file=seg.name, reason="pinned")
@@ -112,6 +114,7 @@ def apply_retention(
                 logging.INFO, "deleted", store, file=seg.name, reason="covered",
                 first_lsn=seg.first_lsn, covered_by=oldest,
             )  # fmt: skip
+            emit(store, "retention_delete", file=seg.name, reason=f"covered by {oldest}")
     for d in {p.parent for p in deleted}:
         files.fsync_dir(d)
     return RetentionResult(

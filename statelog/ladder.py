@@ -11,7 +11,10 @@ reach back to epoch 1; if it does not, :class:`ResnapshotRequired` names
 every file tried and why it was refused.
 
 The chosen snapshot's LMDB image is extracted to ``STORE/base/`` (a
-derived cache, rebuilt on every open) and memory-mapped as the base level.
+derived cache, rebuilt on every open) under a fresh name, and memory-mapped
+as the base level. Images left by an earlier process are deleted by a
+background thread: unlinking a large file costs as much as a tenth of a
+second, and a restart should not wait for it.
 """
 
 from __future__ import annotations
@@ -19,17 +22,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import secrets
+import threading
 import time
 import uuid
 from pathlib import Path
 
 from .base import BaseLevel
 from .errors import CorruptionError, FormatVersionError, ResnapshotRequired
+from .events import emit
 from .fileio import FileLayer
 from .layout import StoreLayout
 from .pins import pin
 from .recovery import LogEnd, list_segments, recover_log
-from .report import RecoveryReport, Rejection
+from .report import Outcome, RecoveryReport, Rejection
 from .snapshot import SnapshotMeta, extract_snapshot, list_snapshots
 from .state import LiveState
 from .wal_format import HEADER_SIZE, SegmentHeader
@@ -41,8 +47,13 @@ log = logging.getLogger("statelog.recovery")
 
 
 def image_path(image_dir: Path, snapshot: Path) -> Path:
-    """Where the LMDB image of ``snapshot`` is extracted: one file per snapshot."""
-    return image_dir / (snapshot.name.removesuffix(".snap") + ".mdb")
+    """A fresh name for an extraction of ``snapshot``'s LMDB image: ``<name>.<token>.mdb``.
+
+    Never the name of an existing image, so an extraction never renames
+    over an image left by an earlier process (whose unlink would then be
+    paid on the open path, and which a process still mapping it may read).
+    """
+    return image_dir / f"{snapshot.name.removesuffix('.snap')}.{secrets.token_hex(4)}.mdb"
 
 
 def check_link(wal_dir: Path, meta: SnapshotMeta) -> str | None:
@@ -137,8 +148,89 @@ def recover_store(
         with contextlib.suppress(FileNotFoundError):
             names += [f"wal/{p.name}" for _s, _l, p in list_segments(layout.wal)]
         with pin(layout.root, names, purpose="recovery"):
-            return _climb(files, layout, store_id, state, image_dir, repair, strict)
-    return _climb(files, layout, store_id, state, image_dir, repair, strict)
+            report, end = _climb(files, layout, store_id, state, image_dir, repair, strict)
+    else:
+        report, end = _climb(files, layout, store_id, state, image_dir, repair, strict)
+    _announce(layout.root, report, writable=repair)
+    return report, end
+
+
+def _announce(root: Path, report: RecoveryReport, *, writable: bool) -> None:
+    """Emit what this recovery found and did (audit trail, metrics).
+
+    A refused snapshot is a walk-back and an integrity mismatch; damage in
+    the log is a mismatch; every byte range moved aside is a truncation.
+    """
+    for r in report.rejected:
+        if r.path.suffix == ".snap":
+            emit(
+                root,
+                "walk_back",
+                writable=writable,
+                file=r.path.name,
+                reason=r.reason,
+                source="recovery",
+            )
+            emit(
+                root,
+                "integrity_mismatch",
+                writable=writable,
+                file=r.path.name,
+                offset=None,
+                reason=r.reason,
+                source="recovery",
+            )
+        elif report.outcome is Outcome.CORRUPTION and r.offset is not None:
+            emit(
+                root,
+                "integrity_mismatch",
+                writable=writable,
+                file=r.path.name,
+                offset=r.offset,
+                reason=r.reason,
+                source="recovery",
+            )
+    if writable:
+        reason = "corrupt" if report.outcome is Outcome.CORRUPTION else "torn"
+        for aside in report.saved_aside:
+            emit(
+                root,
+                "truncation",
+                file=_segment_of(aside),
+                reason=reason,
+                saved_as=aside.name,
+                offset=_offset_of(report, aside),
+                bytes_dropped=report.truncated_bytes if reason == "torn" else None,
+            )
+    lost = report.lost_epochs
+    emit(
+        root,
+        "recovery",
+        writable=writable,
+        epoch=report.epoch,
+        snapshot=report.snapshot.name if report.snapshot else None,
+        replay_from=report.epoch - report.replayed + 1 if report.replayed else None,
+        replay_to=report.epoch,
+        records_replayed=report.replayed,
+        outcome=str(report.outcome),
+        rejected=[
+            {"file": r.path.name, "offset": r.offset, "reason": r.reason} for r in report.rejected
+        ],
+        lost_epochs=[lost.start, lost.stop - 1] if lost else [],
+        seconds=round(report.seconds, 6),
+        readonly=not writable,
+    )
+
+
+def _segment_of(aside: Path) -> str:
+    """``X.wal`` of an evidence file ``X.wal.broken[.N]`` or ``X.wal.corrupt[.N]``."""
+    name = aside.name
+    return name[: name.index(".wal") + 4] if ".wal" in name else name
+
+
+def _offset_of(report: RecoveryReport, aside: Path) -> int | None:
+    base = _segment_of(aside)
+    return next((r.offset for r in report.rejected if r.path.name == base), None)
 
 
 def _climb(
@@ -171,7 +263,7 @@ def _climb(
             strict=strict,
             after=(meta.lsn, meta.chain),
         )
-        _remove_stale_images(files, image_dir, keep=image_path(image_dir, path))
+        _remove_stale_images(files, image_dir, keep=_mapped(state))
         return _with(report, path, rejected, started), end
     try:
         report, end = recover_log(files, layout.wal, store_id, state, repair=repair, strict=strict)
@@ -197,8 +289,29 @@ def _with(
     )
 
 
+def _mapped(state: LiveState) -> Path | None:
+    """The image file ``state``'s base maps (None: the empty base)."""
+    path = getattr(state.base, "path", None)
+    return Path(path) if path is not None else None
+
+
 def _remove_stale_images(files: FileLayer, image_dir: Path, keep: Path | None) -> None:
-    if image_dir.is_dir():
-        for p in image_dir.iterdir():
-            if p != keep:
+    """Delete every file in ``image_dir`` but ``keep``, in a background thread.
+
+    The list is taken now, so images a base swap extracts later are never
+    touched. A process that exits first leaves the rest to the next open.
+    """
+    if not image_dir.is_dir():
+        return
+    stale = [p for p in image_dir.iterdir() if p != keep]
+    if not stale:
+        return
+
+    def remove() -> None:
+        for p in stale:
+            try:
                 files.remove(p)
+            except OSError as exc:  # the next open tries again
+                log.warning("image=%s event=stale_image_kept error=%r", p.name, exc)
+
+    threading.Thread(target=remove, name="statelog-image-cleanup", daemon=True).start()

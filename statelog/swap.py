@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .base import BaseLevel
 from .errors import CorruptionError, FormatVersionError, StorageError
+from .events import emit
 from .fileio import FileLayer
 from .ladder import image_path
 from .snapshot import extract_snapshot, list_snapshots
@@ -91,6 +92,15 @@ class BaseWatcher:
                 log.error(
                     "snapshot=%s event=snapshot_refused epoch=%d reason=%r", path.name, epoch, exc
                 )
+                reason = getattr(exc, "reason", None) or str(exc)
+                emit(
+                    self._snapshots.parent,
+                    "integrity_mismatch",
+                    file=path.name,
+                    offset=getattr(exc, "offset", None),
+                    reason=reason,
+                    source="swap",
+                )
                 continue
             except (StorageError, OSError) as exc:
                 # Transient, or retention removed it meanwhile: look again next round.
@@ -111,6 +121,7 @@ class BaseWatcher:
                 lsn,
                 len(state.generations),
             )
+            emit(self._snapshots.parent, "base_swap", snapshot=path.name, epoch=lsn)
             if self._on_swap is not None:
                 self._on_swap(path, lsn)
             return path
