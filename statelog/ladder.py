@@ -33,7 +33,7 @@ from .errors import CorruptionError, FormatVersionError, ResnapshotRequired
 from .events import emit
 from .fileio import FileLayer
 from .layout import StoreLayout
-from .pins import pin
+from .pins import PIN_DIR, pin
 from .recovery import LogEnd, list_segments, recover_log
 from .report import Outcome, RecoveryReport, Rejection
 from .snapshot import SnapshotMeta, extract_snapshot, list_snapshots
@@ -141,15 +141,21 @@ def recover_store(
     :raises CorruptionError: ``strict`` and the log tail is damaged.
     :raises StorageError: an I/O error (never taken for damage).
     """
-    if repair:
-        # The writer's recovery pins every file it may read, so a compactor's
-        # retention cannot delete the snapshot or the segments it replays.
-        names = [f"snapshots/{p.name}" for _e, _l, p in list_snapshots(layout.snapshots)]
-        with contextlib.suppress(FileNotFoundError):
-            names += [f"wal/{p.name}" for _s, _l, p in list_segments(layout.wal)]
-        with pin(layout.root, names, purpose="recovery"):
-            report, end = _climb(files, layout, store_id, state, image_dir, repair, strict)
-    else:
+    # Recovery pins every file it may read, so a compactor's retention cannot
+    # delete the snapshot or the segments it replays. A read-only open (which
+    # promises to change nothing) pins only where ``pins/`` already exists and
+    # can be written; its pin file is gone again when recovery returns.
+    names = [f"snapshots/{p.name}" for _e, _l, p in list_snapshots(layout.snapshots)]
+    with contextlib.suppress(FileNotFoundError):
+        names += [f"wal/{p.name}" for _s, _l, p in list_segments(layout.wal)]
+    with contextlib.ExitStack() as stack:
+        if repair:
+            stack.enter_context(pin(layout.root, names, purpose="recovery"))
+        elif (layout.root / PIN_DIR).is_dir():
+            try:
+                stack.enter_context(pin(layout.root, names, purpose="read-only recovery"))
+            except OSError as exc:
+                log.warning("event=unpinned_recovery reason=%r", exc)
         report, end = _climb(files, layout, store_id, state, image_dir, repair, strict)
     _announce(layout.root, report, writable=repair)
     return report, end

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import statelog
 from statelog.pins import ALL, PIN_DIR, pin, pinned_names, retention_guard
 
 
@@ -74,3 +75,38 @@ def test_a_pin_waits_for_a_retention_in_progress(tmp_path: Path) -> None:
         assert pinned_names(tmp_path) == set()
     t.join(5)
     assert made.is_set()
+
+
+def test_read_only_recovery_pins_what_it_reads_when_pins_exist(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from statelog import ladder
+    from tests.helpers import build_store, segments, simple_commits
+
+    build_store(store_path, simple_commits(4))  # a writer open made pins/
+    assert (store_path / PIN_DIR).is_dir()
+    during: list[set[str]] = []
+    climb = ladder._climb
+
+    def spy(*args: object, **kwargs: object) -> object:
+        during.append(pinned_names(store_path))
+        return climb(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ladder, "_climb", spy)
+    with statelog.open(store_path, readonly=True):
+        pass
+    assert during and {f"wal/{p.name}" for p in segments(store_path)} <= during[0]
+    assert pinned_names(store_path) == set()  # and gone again
+
+
+def test_read_only_recovery_creates_no_pins_dir(store_path: Path) -> None:
+    import shutil
+
+    from tests.helpers import build_store, simple_commits
+
+    build_store(store_path, simple_commits(2))
+    shutil.rmtree(store_path / PIN_DIR)
+    before = sorted(p.relative_to(store_path) for p in store_path.rglob("*"))
+    with statelog.open(store_path, readonly=True) as ro:
+        assert ro.epoch == 2
+    assert sorted(p.relative_to(store_path) for p in store_path.rglob("*")) == before
