@@ -10,11 +10,20 @@ that wants compaction without a second service, the writer can start one:
   interval. It shares the GIL with commits: simplest, and slowest.
 
 Either takes the store's compactor lock; when a daemon already holds it,
-the writer logs that and leaves compaction to the daemon.
+the writer logs that and leaves compaction to the daemon (the child
+process exits with status 3, which a watcher thread logs).
+
+The child process is bound to the writer's life: on Linux it asks the
+kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), so a
+writer killed with SIGKILL does not leave a compactor behind. The signal
+follows the thread that opened the store: open a store with
+``compactor="process"`` from a thread that outlives it (the main thread,
+typically).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import signal
 import subprocess
@@ -81,9 +90,23 @@ class _ProcessCompactor:
             str(retain),
             str(store),
         ]
-        self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        self._stopping = False
+        self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        self._watch = threading.Thread(
+            target=self._watch_exit, args=(store,), name="statelog-compactor-watch", daemon=True
+        )
+        self._watch.start()
+
+    def _watch_exit(self, store: Path) -> None:
+        code = self._proc.wait()
+        if not self._stopping:
+            why = "another compactor holds the store" if code == 3 else "see its log"
+            log.warning(
+                "store=%s event=compactor_process_exited code=%d reason=%r", store, code, why
+            )
 
     def stop(self) -> None:
+        self._stopping = True
         if self._proc.poll() is None:
             self._proc.send_signal(signal.SIGTERM)
             try:
@@ -91,6 +114,16 @@ class _ProcessCompactor:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (Linux; elsewhere a no-op)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def check_compactor_options(

@@ -53,3 +53,56 @@ def test_unknown_compactor_mode_is_refused_before_anything_is_created(store_path
     with pytest.raises(statelog.InvalidOptionError) as err:
         statelog.open(store_path, compactor="daemon")
     assert err.value.hint and not store_path.exists()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped yet counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_compactor_process_dies_with_a_writer_killed_by_sigkill(store_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time, statelog\n"
+        "s = statelog.open(sys.argv[1], compactor='process')\n"
+        "print(s._compactor._proc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    writer = subprocess.Popen(
+        [sys.executable, "-c", script, str(store_path)], stdout=subprocess.PIPE, text=True
+    )
+    assert writer.stdout is not None
+    child = int(writer.stdout.readline())
+    assert _alive(child)
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    deadline = time.monotonic() + 20
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), "the compactor outlived its writer"
+
+
+def test_compactor_process_that_finds_a_daemon_is_reported(
+    store_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    statelog.open(store_path).close()
+    daemon_lock = CompactorLock(store_path)  # stands in for a running daemon
+    try:
+        with (
+            caplog.at_level("WARNING", logger="statelog.store"),
+            statelog.open(store_path, compactor="process") as store,
+        ):
+            proc = store._compactor._proc  # type: ignore[union-attr]
+            proc.wait(timeout=30)
+            store._compactor._watch.join(timeout=5)  # type: ignore[union-attr]
+        assert proc.returncode == 3
+        assert "event=compactor_process_exited code=3" in caplog.text
+    finally:
+        daemon_lock.release()
