@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit stress bench bench-quick clean
+.PHONY: demo crash-demo test lint typecheck unit stress bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	$(PY) examples/reconciler_demo.py
+
+crash-demo: $(STAMP)
 	$(PY) examples/crash_demo.py
 
 test: $(STAMP) lint typecheck unit

@@ -7,6 +7,9 @@ Life of the daemon, in order:
    daemon looks: between stores, between segments of a fold, and while it
    sleeps (``sigtimedwait``, which wakes at once). No handler runs at an
    arbitrary moment, so a stop never lands in the middle of a durable step.
+   With ``--metrics-port``, start the metrics server now: its threads
+   inherit the blocked signals, so a stop still reaches only the main
+   thread. A port that cannot be bound exits 2 before any store is touched.
 3. For each store named: read its identity, then take its
    ``COMPACTOR.LOCK`` for the daemon's whole life. Held by another
    compactor: say so and exit 3 (locks already taken are released).
@@ -25,14 +28,19 @@ locked by another compactor.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import re
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
+from prometheus_client import start_http_server
+
+from statelog import metrics
 from statelog.errors import CompactorLockedError, StatelogError, StoreNotFoundError
 from statelog.fileio import FileLayer
 from statelog.layout import StoreLayout
@@ -41,12 +49,13 @@ from .fold import compact
 from .lock import CompactorLock
 from .logfmt import LOGGER, KeyValueFormatter, kv
 
-__all__ = ["EXIT_FAILED", "EXIT_LOCKED", "EXIT_OK", "build_parser", "main"]
+__all__ = ["EXIT_BAD_OPTIONS", "EXIT_FAILED", "EXIT_LOCKED", "EXIT_OK", "build_parser", "main"]
 
 log = logging.getLogger(LOGGER)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+EXIT_BAD_OPTIONS = 2
 EXIT_LOCKED = 3
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 _UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30}
@@ -56,10 +65,12 @@ _EPILOG = """\
 exit status:
   0  --once pass done, or stopped by SIGTERM/SIGINT (graceful: locks released)
   1  a pass failed (--once), a store is missing (--once), or an unexpected error
-  2  bad options
+  2  bad options, or the --metrics-port cannot be bound (in use, bad address)
   3  a store is already being compacted by another compactor (its pid is named)
 
 Every line on stderr is `ts=... level=... event=... store=... key=value`.
+With --metrics-port, GET http://ADDR:PORT/metrics serves the statelog_*
+Prometheus series (docs/metrics.md) for as long as the daemon runs.
 The daemon reads only sealed segments and snapshots; the writer keeps running.
 """
 
@@ -82,6 +93,16 @@ def _bounded(low: float, kind: type[int] | type[float]) -> Callable[[str], int |
         return v
 
     return parse
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a TCP port (1-65535)")
+    return port
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,6 +137,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--level", type=_bounded(1, int), default=3, help="zstd level, 1-22 (3)")
     p.add_argument("--once", action="store_true", help="one pass over every store, then exit")
+    p.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics over HTTP on this port (default: off)",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address the metrics server binds (127.0.0.1; 0.0.0.0 or :: for every interface)",
+    )
     p.add_argument(
         "--log-level",
         default="INFO",
@@ -153,7 +187,10 @@ def main(argv: Sequence[str] | None = None, *, files: FileLayer | None = None) -
     before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     locks: dict[Path, CompactorLock] = {}
     try:
-        return _run(args, files or FileLayer(), locks)
+        with _metrics_server(args) as started:
+            if not started:
+                return EXIT_BAD_OPTIONS
+            return _run(args, files or FileLayer(), locks)
     except Exception as exc:  # a bug: say it on one line, exit non-zero
         log.critical("%s", kv(event="crashed", error=repr(exc)), exc_info=True)
         return EXIT_FAILED
@@ -164,6 +201,56 @@ def main(argv: Sequence[str] | None = None, *, files: FileLayer | None = None) -
             signal.sigtimedwait(STOP_SIGNALS, 0)
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
         logging.getLogger("statelog").removeHandler(handler)
+
+
+@contextmanager
+def _metrics_server(args: argparse.Namespace) -> Iterator[bool]:
+    """Serve :data:`statelog.metrics.REGISTRY` while the daemon runs, if ``--metrics-port``.
+
+    Called with the stop signals blocked, so the server's threads never
+    take a SIGTERM meant for the main thread. Yields False (after saying
+    why on stderr) when the port cannot be bound; the server is shut down
+    and its socket closed on the way out.
+    """
+    metrics.install()
+    stores = [Path(os.path.abspath(s)) for s in args.stores]
+    for store in stores:
+        metrics.watch(store)
+    try:
+        if args.metrics_port is None:
+            yield True
+            return
+        try:
+            server, thread = start_http_server(
+                args.metrics_port, addr=args.metrics_addr, registry=metrics.REGISTRY
+            )
+        except OSError as exc:
+            why = "address already in use" if exc.errno == errno.EADDRINUSE else str(exc)
+            where = f"{args.metrics_addr} port {args.metrics_port}"
+            port = args.metrics_port
+            log.error(
+                "%s", kv(event="metrics_unavailable", addr=args.metrics_addr, port=port, error=why)
+            )
+            print(
+                f"statelog-compactor: cannot serve metrics on {where}: {why}; pick a free "
+                "--metrics-port or stop the program holding it (exiting, status 2)",
+                file=sys.stderr,
+            )
+            yield False
+            return
+        port = server.server_port
+        log.info(
+            "%s", kv(event="metrics_serving", addr=args.metrics_addr, port=port, path="/metrics")
+        )
+        try:
+            yield True
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
+    finally:
+        for store in stores:
+            metrics.unwatch(store)
 
 
 def _run(args: argparse.Namespace, files: FileLayer, locks: dict[Path, CompactorLock]) -> int:

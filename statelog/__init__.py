@@ -19,6 +19,7 @@ See ``docs/architecture.md`` for the design and ``docs/format.md`` for the files
 
 import logging as _logging
 
+from . import audit as _audit
 from .errors import (
     AuditError,
     CompactorLockedError,
@@ -46,6 +47,10 @@ __version__ = "0.1.0"
 
 # A library never prints: records reach the host application's handlers only.
 _logging.getLogger("statelog").addHandler(_logging.NullHandler())
+
+# Every process that links statelog records what happens to its stores in
+# their audit trails: a writer's recoveries, a compactor's passes and deletions.
+_audit.install()
 
 __all__ = [
     "AuditError",

@@ -251,14 +251,16 @@ def _climb(
     started = time.perf_counter()  # the report's seconds include the snapshot's extraction
     rejected: list[Rejection] = []
     for _epoch, _lsn, path in list_snapshots(layout.snapshots):
+        at: int | None = None
         try:
             # Hash verified on this read, while the image is extracted.
             meta, why = install_snapshot(files, image_dir, path, store_id, state, layout.wal)
         except (CorruptionError, FormatVersionError) as exc:
             why = getattr(exc, "reason", None) or str(exc)
+            at = getattr(exc, "offset", None)
         if why is not None:
-            log.error("snapshot=%s event=snapshot_rejected reason=%r", path.name, why)
-            rejected.append(Rejection(path, None, why))
+            log.error("snapshot=%s event=snapshot_rejected offset=%s reason=%r", path.name, at, why)
+            rejected.append(Rejection(path, at, why))
             continue
         report, end = recover_log(
             files,

@@ -48,7 +48,14 @@ _KNOWN = {
     "pins",
     "COMPACTOR.LOCK",
     "compactor.tmp",
+    # The audit trail (statelog.audit); AUDIT.log.broken[.N] is matched by prefix.
+    "AUDIT.log",
+    "AUDIT.log.tmp",
+    "AUDIT.head",
+    "AUDIT.head.tmp",
+    "AUDIT.lock",
 }
+_KNOWN_PREFIXES = ("AUDIT.log.broken",)
 _KIND = "statelog-store"
 STORE_VERSION = 1
 """Version of the directory layout and IDENTITY; segments carry their own format version."""
@@ -84,7 +91,11 @@ class StoreLayout:
         """
         self.check_is_directory()
         if self.root.is_dir() and not self.identity.exists():
-            foreign = sorted(p.name for p in self.root.iterdir() if p.name not in _KNOWN)
+            foreign = sorted(
+                p.name
+                for p in self.root.iterdir()
+                if p.name not in _KNOWN and not p.name.startswith(_KNOWN_PREFIXES)
+            )
             if foreign:
                 raise NotAStoreError(
                     f"{self.root} is not a statelog store (it holds {', '.join(foreign[:5])})"

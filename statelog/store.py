@@ -13,12 +13,14 @@ import logging
 import shutil
 import tempfile
 import threading
+import time
 import types
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
+from . import metrics
 from .errors import (
     InvalidCommitError,
     InvalidOptionError,
@@ -117,6 +119,7 @@ class StateStore(StoreReads):
         check_compactor_options(compactor, compactor_interval, min_tail_bytes, retain)
         if not isinstance(base_refresh, timedelta) or base_refresh <= timedelta(0):
             raise InvalidOptionError(f"base_refresh={base_refresh!r}", hint="a positive timedelta")
+        metrics.install()  # before recovery, so the recovery's events are counted
         self.path = Path(path)
         self.readonly = readonly
         self._durability = durability
@@ -158,6 +161,7 @@ class StateStore(StoreReads):
         self._layout.check_can_host()
         self._files.makedirs(self.path)
         self._writer_lock = StoreLock(self.path)
+        self._metrics = metrics.bind(self.path)
         try:
             self._open_writer(strict, segment_bytes, fragment_bytes, group_delay)
         except BaseException:
@@ -174,6 +178,7 @@ class StateStore(StoreReads):
             boundaries=self._boundaries,
             interval=base_refresh.total_seconds(),
         )
+        metrics.watch(self.path)  # close() unwatches, also on the failure below
         try:
             self._compactor = start_compactor(
                 compactor, self.path, compactor_interval, min_tail_bytes, retain
@@ -210,6 +215,7 @@ class StateStore(StoreReads):
             segment_bytes=segment_bytes,
             fragment_bytes=fragment_bytes,
         )
+        wal.metrics = self._metrics
 
         def on_seal(lsn: int, crc: int) -> None:
             # An empty sealed segment repeats the LSN: the first seal is the link.
@@ -276,12 +282,13 @@ class StateStore(StoreReads):
         :raises StorageError: the write or sync failed; the commit is not
             visible and will not be replayed.
         """
+        started = time.perf_counter()
         with self._lock:
             self._check_writable()
             state = self._state
             offs = check_offsets(offsets, state.offsets)
             wm = check_watermark(low_watermark_ms, state.low_watermark_ms)
-            return self._append(offs, wm, [table_delta(table, put, delete)])
+            return self._append(offs, wm, [table_delta(table, put, delete)], started)
 
     def transaction(self) -> Transaction:
         """A multi-table commit: ``with store.transaction() as tx: tx.put(...)``.
@@ -294,15 +301,22 @@ class StateStore(StoreReads):
     def _commit_transaction(
         self, offsets: Mapping[str, int], low_watermark_ms: int | None, deltas: list[TableDelta]
     ) -> int:
+        started = time.perf_counter()
         with self._lock:
             self._check_writable()
             state = self._state
             offs = check_offsets(offsets, state.offsets)
             wm = state.low_watermark_ms if low_watermark_ms is None else low_watermark_ms
-            return self._append(offs, check_watermark(wm, state.low_watermark_ms), deltas)
+            return self._append(offs, check_watermark(wm, state.low_watermark_ms), deltas, started)
 
-    def _append(self, offsets: dict[str, int], wm: int, deltas: list[TableDelta]) -> int:
-        """The hot path: encode, frame, append, fsync by policy, apply. Caller holds ``_lock``."""
+    def _append(
+        self, offsets: dict[str, int], wm: int, deltas: list[TableDelta], started: float
+    ) -> int:
+        """The hot path: encode, frame, append, fsync by policy, apply. Caller holds ``_lock``.
+
+        ``started`` is the ``perf_counter`` of the commit call: the latency
+        observed covers validation and waiting for the lock too.
+        """
         group = self._group
         if group is not None and group.failure is not None:
             raise group.failure
@@ -328,6 +342,9 @@ class StateStore(StoreReads):
             state.apply(epoch, offsets, wm, ((d.name, d.keys, d.values, d.deletes) for d in deltas))
         if group is not None:
             group.written_up_to(epoch)
+        m = self._metrics
+        m.commits.inc()
+        m.commit_seconds.observe(time.perf_counter() - started)
         return epoch
 
     def _group_sync(self) -> None:
@@ -339,7 +356,9 @@ class StateStore(StoreReads):
                 raise StorageError(f"the log writer failed: {self._wal.poisoned}")
             return  # rolled or closed: sealing synced it
         try:
+            synced = time.perf_counter()
             handle.sync()
+            self._metrics.fsync_seconds.observe(time.perf_counter() - synced)
         except OSError as exc:
             raise StorageError(
                 f"group sync of {handle.path.name} failed: {exc}", errno=exc.errno
@@ -398,6 +417,8 @@ class StateStore(StoreReads):
             if self._closed:
                 return
             self._closed = True  # from here on, commits are refused
+        if not self.readonly:
+            metrics.unwatch(self.path)
         # The flusher takes _lock to find the file it syncs: stop it unlocked.
         if self._group is not None:
             self._group.stop()

@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import struct
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import StorageError
 from .fileio import AppendFile, Buffer, FileLayer
@@ -30,6 +32,9 @@ from .wal_format import (
     padding,
     segment_name,
 )
+
+if TYPE_CHECKING:
+    from .metrics import StoreMetrics
 
 __all__ = ["WalWriter"]
 
@@ -64,6 +69,8 @@ class WalWriter:
         self._unsynced = False  # records appended since the last sync the writer made
         self.on_seal: Callable[[int, int], None] | None = None
         """Called with (last LSN, seal crc) after each seal: the log's segment boundaries."""
+        self.metrics: StoreMetrics | None = None
+        """Bound by the store: bytes appended and fsync seconds are counted here."""
 
     @property
     def active_path(self) -> Path | None:
@@ -160,11 +167,15 @@ class WalWriter:
         """
         before = f.size
         written = False
+        m = self.metrics
         try:
             f.write(chunks)
             written = True
             if sync:
+                synced = time.perf_counter()
                 f.sync()
+                if m is not None:
+                    m.fsync_seconds.observe(time.perf_counter() - synced)
         except BaseException as exc:
             self._rollback(f, before, exc, sync_failed=written and sync)
             if isinstance(exc, OSError):
@@ -176,6 +187,8 @@ class WalWriter:
             self._unsynced = False
         else:
             self._unsynced = True
+        if m is not None:
+            m.appended_bytes.inc(f.size - before)
 
     def _rollback(self, f: AppendFile, size: int, exc: BaseException, *, sync_failed: bool) -> None:
         """Cut ``f`` back to ``size`` after a failed write or sync; poison if that is not enough."""
@@ -211,7 +224,10 @@ class WalWriter:
         if f is None or f.closed:
             return
         try:
+            synced = time.perf_counter()
             f.sync()
+            if self.metrics is not None:
+                self.metrics.fsync_seconds.observe(time.perf_counter() - synced)
         except OSError as exc:
             self._poison(f, f"sync failed: {exc}")
             raise StorageError(f"sync of {f.path.name} failed: {exc}", errno=exc.errno) from exc

@@ -1,17 +1,17 @@
 """The events recovery, the compactor, retention and the base watcher emit.
 
-| what happens                                  | events expected                                   |
-|-----------------------------------------------|---------------------------------------------------|
-| a clean open                                  | recovery (outcome clean, replay range)            |
-| a read-only open                              | recovery with writable=False, readonly=True       |
-| a torn tail cut by the writer                 | truncation (torn, saved_as .broken), recovery     |
-| newest snapshot damaged, walked past on open  | walk_back + integrity_mismatch (recovery)         |
-| a compaction pass that writes a snapshot      | compaction (epoch, segments, records)             |
-| the compactor meets a damaged snapshot twice  | walk_back + integrity_mismatch once, not per pass |
-| retention deletes                             | retention_delete per file                         |
-| the writer swaps in a new base                | base_swap                                         |
-| an unknown kind                               | ValueError (a programming error)                  |
-| a listener that raises                        | the others still run; the emitter never sees it   |
+| what happens                                  | events expected                                  |
+|-----------------------------------------------|--------------------------------------------------|
+| a clean open                                  | recovery (outcome clean, replay range)           |
+| a read-only open                              | recovery with writable=False, readonly=True      |
+| a torn tail cut by the writer                 | truncation (torn, saved_as .broken), recovery    |
+| newest snapshot damaged, walked past on open  | walk_back + integrity_mismatch (recovery)        |
+| a compaction pass that writes a snapshot      | compaction (epoch, segments, records)            |
+| the compactor meets a damaged snapshot twice  | walk_back + integrity_mismatch once, not per pass|
+| retention deletes                             | retention_delete per file                        |
+| the writer swaps in a new base                | base_swap                                        |
+| an unknown kind                               | ValueError (a programming error)                 |
+| a listener that raises                        | the others still run; the emitter never sees it  |
 """
 
 from __future__ import annotations

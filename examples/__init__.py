@@ -1,0 +1,1 @@
+"""Examples of statelog in use (run from the project root)."""

@@ -1,0 +1,1 @@
+"""A streaming parity reconciler built on statelog: the demo behind ``make demo``."""

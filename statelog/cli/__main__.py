@@ -1,0 +1,5 @@
+"""``python -m statelog.cli``: the ``statelog`` command."""
+
+from . import main
+
+raise SystemExit(main())

@@ -1,0 +1,229 @@
+"""``statelog inspect STORE``: what a store holds and who is using it, without changing a byte.
+
+The state (epoch, offsets, low watermark) comes from a read-only open,
+which extracts the snapshot it uses outside the store. Snapshots are
+re-hashed unless ``--no-verify``; segments are described from their
+names, sizes and last 24 bytes (the seal), never read whole. Lock holders
+are read from ``LOCK`` and ``COMPACTOR.LOCK`` without taking the locks:
+the pid from the file, and whether a live process holds the ``flock`` from
+``/proc/locks`` (a killed holder leaves its pid behind and no lock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from compactor.tail import list_segment_infos, peek_seal
+from statelog.errors import CorruptionError, FormatVersionError, ResnapshotRequired
+from statelog.fileio import FileLayer
+from statelog.ladder import check_link
+from statelog.layout import StoreLayout
+from statelog.snapshot import list_snapshots, verify_snapshot
+from statelog.store import open as open_store
+
+from .output import EXIT_DAMAGED, EXIT_OK, EXIT_UNRECOVERABLE, fmt_age, fmt_bytes, print_json
+
+__all__ = ["add_parser", "lock_holder", "run"]
+
+
+def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """Register ``inspect`` on the subcommand parsers ``sub``."""
+    p = sub.add_parser(
+        "inspect",
+        parents=parents,
+        help="show epoch, offsets, snapshots, segments, tail, locks (read-only)",
+        description="Show a store's state, snapshots, segments, tail size, writer lock "
+        "holder and compactor status. Changes nothing in the store. Exit 0 when all is "
+        "well, 1 when a snapshot fails verification or recovery would repair damage, "
+        "2 when no open can recover the store.",
+    )
+    p.add_argument("store", type=Path, metavar="STORE", help="the store directory")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="do not re-hash every snapshot (only the one recovery uses is read)",
+    )
+
+
+def lock_holder(path: Path) -> dict[str, Any]:
+    """``{"pid", "held"}`` of a pid-lock file (``LOCK``, ``COMPACTOR.LOCK``), without taking it.
+
+    ``pid`` is what the file says (None: empty or absent); ``held`` whether
+    a live process holds the file's ``flock`` (None: unknown, no
+    ``/proc/locks``). Opens the file read-only and never creates it.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return {"pid": None, "held": False}
+    try:
+        raw = os.pread(fd, 32, 0)
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    try:
+        pid: int | None = int(raw.decode().strip())
+    except ValueError:
+        pid = None
+    return {"pid": pid, "held": _flocked(st.st_dev, st.st_ino)}
+
+
+def _flocked(dev: int, ino: int) -> bool | None:
+    """Whether ``/proc/locks`` lists a FLOCK on the inode; None where there is no such file."""
+    try:
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    want = (os.major(dev), os.minor(dev), ino)
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 6 or parts[1] != "FLOCK" or parts[0] == "->" or parts[1] == "->":
+            continue
+        with contextlib.suppress(ValueError):
+            major, minor, inode = parts[5].split(":")
+            if (int(major, 16), int(minor, 16), int(inode)) == want:
+                return True
+    return False
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the description of ``args.store``; return the exit status (see ``add_parser``)."""
+    root: Path = args.store
+    files = FileLayer()
+    layout = StoreLayout(root)
+    store_id = layout.read_identity(files)
+    state: dict[str, Any]
+    used: Path | None = None
+    refused: dict[Path, str] = {}  # snapshots recovery read and rejected
+    try:
+        with open_store(root, readonly=True) as ro:
+            used = ro.recovery.snapshot
+            refused = {r.path: r.reason for r in ro.recovery.rejected}
+            state = {
+                "epoch": ro.epoch,
+                "offsets": ro.offsets,
+                "low_watermark_ms": ro.low_watermark_ms,
+                "tables": {t: ro.count(t) for t in ro.tables()},
+                "recovery": ro.recovery.to_dict(),
+                "unrecoverable": None,
+            }
+    except ResnapshotRequired as exc:
+        state = {"epoch": None, "offsets": {}, "low_watermark_ms": None, "tables": {}}
+        state |= {"recovery": None, "unrecoverable": exc.message}
+    now = time.time()
+    snaps = []
+    for epoch, lsn, path in list_snapshots(layout.snapshots):
+        st = path.stat()
+        row: dict[str, Any] = {
+            "file": path.name, "epoch": epoch, "lsn": lsn, "bytes": st.st_size,
+            "age_seconds": round(now - st.st_mtime, 3), "verified": None, "links": None,
+            "reason": None, "used_by_recovery": path == used,
+        }  # fmt: skip
+        if path == used:
+            row |= {"verified": True, "links": True}
+        elif path in refused and args.no_verify:
+            row |= {"verified": False, "reason": refused[path]}
+        elif not args.no_verify:
+            try:
+                meta = verify_snapshot(files, path, store_id=store_id)
+            except (CorruptionError, FormatVersionError) as exc:
+                row |= {"verified": False, "reason": getattr(exc, "reason", exc.message)}
+            else:
+                why = check_link(layout.wal, meta)
+                row |= {"verified": True, "links": why is None, "reason": why}
+                row["age_seconds"] = round(now - meta.created_ms / 1000, 3)
+        snaps.append(row)
+    segs: list[dict[str, Any]] = []
+    for info in list_segment_infos(layout.wal):
+        seal = peek_seal(info.path, info.size)
+        segs.append(
+            {
+                "file": info.path.name, "sequence": info.sequence, "first_lsn": info.first_lsn,
+                "bytes": info.size, "sealed": seal is not None,
+                "last_lsn": seal[0] if seal else None,
+            }
+        )  # fmt: skip
+    newest: int = snaps[0]["lsn"] if snaps else 0
+    doc: dict[str, Any] = {
+        "store": str(root),
+        "store_id": str(store_id),
+        **state,
+        "snapshots": snaps,
+        "segments": segs,
+        "tail_bytes": sum(s["bytes"] for s in segs if s["first_lsn"] > newest),
+        "writer_lock": lock_holder(root / "LOCK"),
+        "compactor": {
+            **lock_holder(root / "COMPACTOR.LOCK"),
+            "scratch_present": (root / "compactor.tmp").exists(),
+        },
+        "evidence": sorted(
+            p.name for p in _listdir(layout.wal) if ".broken" in p.name or ".corrupt" in p.name
+        ),
+    }
+    if args.json:
+        print_json(doc)
+    else:
+        _print(doc)
+    if state["unrecoverable"] is not None:
+        return EXIT_UNRECOVERABLE
+    rec = state["recovery"]
+    damaged = any(s["verified"] is False or s["links"] is False for s in snaps)
+    return EXIT_DAMAGED if damaged or rec["rejected"] else EXIT_OK
+
+
+def _listdir(d: Path) -> list[Path]:
+    try:
+        return list(d.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+def _holder(lock: dict[str, Any]) -> str:
+    if lock["held"] is False:
+        return "none" if lock["pid"] is None else f"none (pid {lock['pid']} left it; not held)"
+    if lock["held"] is None:
+        return f"pid {lock['pid']} (lock state unknown)"
+    return f"pid {lock['pid']}"
+
+
+def _print(doc: dict[str, Any]) -> None:
+    print(f"store        {doc['store']} (id {doc['store_id']})")
+    if doc["unrecoverable"] is not None:
+        print(f"state        NOT RECOVERABLE: {doc['unrecoverable']}")
+    else:
+        rec = doc["recovery"]
+        print(f"epoch        {doc['epoch']}")
+        offsets = ", ".join(f"{k}={v}" for k, v in sorted(doc["offsets"].items())) or "-"
+        print(f"offsets      {offsets}")
+        print(f"watermark    {doc['low_watermark_ms']} ms")
+        tables = ", ".join(f"{t}={n}" for t, n in sorted(doc["tables"].items())) or "-"
+        print(f"tables       {tables}")
+        print(f"recovery     {rec['outcome']}, {len(rec['rejected'])} rejected")
+    print(f"writer lock  {_holder(doc['writer_lock'])}")
+    comp = doc["compactor"]
+    scratch = ", scratch space present" if comp["scratch_present"] else ""
+    print(f"compactor    {_holder(comp)}{scratch}")
+    print(f"tail         {fmt_bytes(doc['tail_bytes'])} after the newest snapshot")
+    print(f"snapshots    {len(doc['snapshots'])}")
+    for s in doc["snapshots"]:
+        ok = {None: "not verified", True: "verified", False: "DAMAGED"}[s["verified"]]
+        if s["verified"] and not s["links"]:
+            ok = "verified, DOES NOT LINK"
+        used = ", used by recovery" if s["used_by_recovery"] else ""
+        why = f": {s['reason']}" if s["reason"] else ""
+        print(
+            f"  {s['file']}  epoch {s['epoch']}  {fmt_bytes(s['bytes'])}  "
+            f"age {fmt_age(s['age_seconds'])}  {ok}{used}{why}"
+        )
+    print(f"segments     {len(doc['segments'])}")
+    for g in doc["segments"]:
+        sealed = f"sealed at LSN {g['last_lsn']}" if g["sealed"] else "not sealed"
+        print(f"  {g['file']}  first LSN {g['first_lsn']}  {fmt_bytes(g['bytes'])}  {sealed}")
+    for e in doc["evidence"]:
+        print(f"evidence     wal/{e}")

@@ -1,0 +1,190 @@
+"""What every subcommand shares: exit codes, the parser class, errors as one line, progress.
+
+The command prints (it is the one part of statelog that does); the library
+only logs. Human output goes to stdout, JSON (``--json``) to stdout as one
+document, errors and progress to stderr, so ``statelog verify --json S |
+jq`` always gets clean JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
+
+from statelog.errors import (
+    AuditError,
+    CompactorLockedError,
+    CorruptionError,
+    InvalidOptionError,
+    NotAStoreError,
+    ResnapshotRequired,
+    StatelogError,
+    StoreLockedError,
+    StoreNotFoundError,
+)
+
+__all__ = [
+    "EXIT_BUSY",
+    "EXIT_CODES_HELP",
+    "EXIT_DAMAGED",
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_UNRECOVERABLE",
+    "EXIT_USAGE",
+    "CliParser",
+    "ProgressFn",
+    "exit_code_for",
+    "fmt_age",
+    "fmt_bytes",
+    "print_json",
+    "progress",
+    "say_error",
+    "size_arg",
+]
+
+EXIT_OK = 0
+EXIT_DAMAGED = 1
+EXIT_UNRECOVERABLE = 2
+EXIT_USAGE = 3
+EXIT_BUSY = 4
+EXIT_ERROR = 5
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES_HELP = """\
+exit status (every subcommand):
+  0    done; the store is clean
+  1    damage found, but the store is recoverable (or: an audit or drill problem)
+  2    not recoverable: a re-snapshot (restore or rebuild from the source) is required
+  3    usage error, or the path is not a statelog store
+  4    the store is busy: another writer or compactor holds its lock
+  5    any other error (I/O error, unknown format version, ...)
+  130  interrupted (Ctrl-C)
+"""
+
+ProgressFn = Callable[[str, int, int], None]
+
+_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20}
+_UNITS |= {"g": 1 << 30, "gib": 1 << 30}
+
+
+class CliParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors exit 3, not argparse's 2 (2 means unrecoverable)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print usage and ``message`` on stderr; exit :data:`EXIT_USAGE`."""
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def size_arg(text: str) -> int:
+    """An argparse type: a byte count, ``67108864``, ``64MiB``, ``512k``."""
+    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
+    if m is None or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 67108864, 64MiB, 512k)")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The documented exit status for an error that ended a subcommand."""
+    if isinstance(exc, ResnapshotRequired):
+        return EXIT_UNRECOVERABLE
+    if isinstance(exc, StoreNotFoundError | NotAStoreError | InvalidOptionError):
+        return EXIT_USAGE
+    if isinstance(exc, StoreLockedError | CompactorLockedError):
+        return EXIT_BUSY
+    if isinstance(exc, CorruptionError | AuditError):
+        return EXIT_DAMAGED
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    return EXIT_ERROR
+
+
+def say_error(exc: BaseException) -> int:
+    """Print ``exc`` as one line on stderr (with its hint); return its exit status."""
+    if isinstance(exc, StatelogError):
+        text = f"{type(exc).__name__}: {exc.message} (hint: {exc.hint})"
+    elif isinstance(exc, KeyboardInterrupt):
+        text = "interrupted"
+    elif isinstance(exc, OSError):
+        text = f"I/O error: {exc} (hint: nothing was judged damaged; fix the cause and retry)"
+    else:
+        text = f"internal error: {exc!r} (hint: run again with --traceback and report it)"
+    print(f"statelog: {' '.join(text.split())}", file=sys.stderr)
+    return exit_code_for(exc)
+
+
+def print_json(doc: Any) -> None:
+    """One JSON document on stdout (paths and other objects as strings)."""
+    print(json.dumps(doc, indent=2, default=str))
+
+
+def fmt_bytes(n: int) -> str:
+    """``n`` bytes for people: ``812 B``, ``4.0 KiB``, ``1.5 GiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def fmt_age(seconds: float) -> str:
+    """An age for people: ``42s``, ``7m``, ``3h``, ``2d``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{max(0, int(seconds))}s"
+
+
+@contextlib.contextmanager
+def progress(title: str, *, quiet: bool) -> Iterator[ProgressFn]:
+    """A progress callback ``(item, done, total)`` for the ``with`` block.
+
+    A bar on stderr when stderr is a terminal; otherwise a plain line at
+    most every two seconds and one at the end; nothing with ``quiet``.
+    """
+    if quiet:
+        yield lambda item, done, total: None
+        return
+    if sys.stderr.isatty():
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+        bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TextColumn("{task.fields[item]}"),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        with bar:
+            task = bar.add_task(title, total=None, item="")
+
+            def update(item: str, done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total or None, item=item)
+
+            yield update
+        return
+    last = [0.0, 0, 0]
+
+    def line(item: str, done: int, total: int) -> None:
+        last[1:] = [done, total]
+        now = time.monotonic()
+        if now - last[0] >= 2.0:
+            last[0] = now
+            print(f"{title}: {fmt_bytes(done)} of {fmt_bytes(total)} ({item})", file=sys.stderr)
+
+    yield line
+    if last[2]:
+        print(
+            f"{title}: {fmt_bytes(int(last[1]))} of {fmt_bytes(int(last[2]))}, done",
+            file=sys.stderr,
+        )

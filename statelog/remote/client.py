@@ -1,0 +1,308 @@
+"""The object-store client: obstore's S3 store behind retries, typed errors and hashes.
+
+Every request goes through :meth:`RemoteClient._call`, which retries only
+what may succeed on a second try (connection errors, timeouts, HTTP 5xx and
+429) with exponential backoff and jitter, up to a number of attempts and a
+deadline, logging each retry. A refusal (404, 403, a failed precondition,
+a bad request) is never retried: it is turned into its typed error at once.
+obstore's own retry loop is switched off so that this is the only one.
+
+Retrying a conditional write is safe and needs one thought: if the first
+attempt landed but its answer was lost, the retry is refused as if someone
+else had written. Callers resolve that by reading back what is there
+(:mod:`.ship` compares the content hash, :mod:`.manifest` its write id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import IO, TYPE_CHECKING, TypeVar
+
+import obstore
+from obstore.exceptions import (
+    AlreadyExistsError,
+    InvalidPathError,
+    NotSupportedError,
+    PermissionDeniedError,
+    PreconditionError,
+    UnauthenticatedError,
+    UnknownConfigurationKeyError,
+)
+from obstore.store import S3Store
+
+from statelog.errors import RemoteError
+
+from .errors import (
+    ConditionFailedError,
+    ObjectExistsError,
+    RemoteConfigError,
+    RemoteNotFoundError,
+    RemoteUnavailableError,
+)
+from .url import RemoteConfig, parse_remote_url
+
+if TYPE_CHECKING:
+    from obstore import Attributes
+
+__all__ = ["SHA256_ATTR", "Fetched", "RemoteClient", "RetryPolicy", "is_transient"]
+
+log = logging.getLogger("statelog.remote")
+
+SHA256_ATTR = "sha256"
+"""User metadata key (``x-amz-meta-sha256``) holding the hex SHA-256 of an object's bytes."""
+
+T = TypeVar("T")
+_STATUS = re.compile(r"status code: (\d{3})")
+_PERMANENT = (
+    AlreadyExistsError,
+    PreconditionError,
+    FileNotFoundError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+    InvalidPathError,
+    NotSupportedError,
+    UnknownConfigurationKeyError,
+    NotImplementedError,
+    ValueError,
+    TypeError,
+)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter: wait ``initial * 2**n`` (at most ``maximum``),
+    scaled by a random factor in [0.5, 1], for up to ``attempts`` tries within ``deadline``."""
+
+    attempts: int = 8
+    initial: timedelta = timedelta(milliseconds=100)
+    maximum: timedelta = timedelta(seconds=5)
+    deadline: timedelta = timedelta(seconds=60)
+
+    def delay(self, retry: int) -> float:
+        """Seconds to wait before retry number ``retry`` (0 for the first retry)."""
+        base = min(self.maximum.total_seconds(), self.initial.total_seconds() * 2.0**retry)
+        return float(base) * random.uniform(0.5, 1.0)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` from obstore may succeed if the request is repeated.
+
+    Refusals (missing object, failed precondition, permissions, bad input)
+    and HTTP 4xx other than 408 and 429 are permanent; connection errors,
+    timeouts, HTTP 5xx, 408 and 429 are transient.
+    """
+    if isinstance(exc, _PERMANENT) or not isinstance(exc, obstore.exceptions.BaseError):
+        return False
+    m = _STATUS.search(str(exc))
+    if m is None:
+        return True  # no HTTP answer at all: connect, reset, timeout
+    status = int(m.group(1))
+    return status >= 500 or status in (408, 429)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """An object read whole: its bytes, ETag and attributes (user metadata included)."""
+
+    data: bytes
+    etag: str | None
+    attributes: dict[str, str]
+
+
+class RemoteClient:
+    """Synchronous access to one bucket and prefix. Thread-safe (obstore stores are)."""
+
+    def __init__(self, store: S3Store, *, where: str, retry: RetryPolicy | None = None) -> None:
+        self.store = store
+        self.where = where
+        self.retry = retry or RetryPolicy()
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        env: dict[str, str] | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: timedelta = timedelta(seconds=30),
+    ) -> RemoteClient:
+        """A client for ``url`` configured from ``env`` (default: the process environment).
+
+        :raises RemoteConfigError: see :func:`.url.parse_remote_url`; or obstore refused the
+            configuration.
+        """
+        cfg = parse_remote_url(url, env)
+        return cls(_s3_store(cfg, timeout), where=url, retry=retry)
+
+    # -- the retry loop ---------------------------------------------------
+    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        started = time.monotonic()
+        policy = self.retry
+        for attempt in range(policy.attempts):
+            try:
+                return fn()
+            except AlreadyExistsError as exc:
+                raise ObjectExistsError(key, "already exists") from exc
+            except PreconditionError as exc:
+                raise ConditionFailedError(key, "precondition failed (changed since read)") from exc
+            except FileNotFoundError as exc:
+                raise RemoteNotFoundError(f"{self.where}: {key} not found") from exc
+            except (PermissionDeniedError, UnauthenticatedError) as exc:
+                raise RemoteError(
+                    f"{op} {key}: access refused: {_first_line(exc)}",
+                    hint="check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the bucket policy",
+                ) from exc
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise RemoteError(f"{op} {key}: {_first_line(exc)}") from exc
+                elapsed = time.monotonic() - started
+                wait = policy.delay(attempt)
+                last = attempt + 1 >= policy.attempts
+                if last or elapsed + wait > policy.deadline.total_seconds():
+                    raise RemoteUnavailableError(
+                        f"{op} {key} failed {attempt + 1} times in {elapsed:.1f}s: "
+                        f"{_first_line(exc)}"
+                    ) from exc
+                log.warning(
+                    "event=remote_retry op=%s key=%s attempt=%d wait_s=%.3f reason=%r",
+                    op, key, attempt + 1, wait, _first_line(exc),
+                )  # fmt: skip
+                time.sleep(wait)
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    # -- operations ---------------------------------------------------------
+    def put_new(self, key: str, data: bytes, *, metadata: dict[str, str] | None = None) -> str:
+        """Create ``key`` only if absent (If-None-Match: *); the object carries its SHA-256.
+
+        :returns: the new object's ETag.
+        :raises ObjectExistsError: the key exists (it is never overwritten).
+        :raises RemoteError: any other refusal; RemoteUnavailableError after the retries.
+        """
+        attrs: Attributes = {SHA256_ATTR: hashlib.sha256(data).hexdigest()}
+        attrs.update(metadata or {})
+        res = self._call(
+            "put_new",
+            key,
+            lambda: obstore.put(self.store, key, data, mode="create", attributes=attrs),
+        )
+        return res["e_tag"] or ""
+
+    def put_if_match(self, key: str, data: bytes, etag: str) -> str:
+        """Replace ``key`` only if its ETag is still ``etag`` (If-Match).
+
+        :returns: the new ETag.
+        :raises ConditionFailedError: the object changed since ``etag`` was read.
+        """
+        attrs: Attributes = {SHA256_ATTR: hashlib.sha256(data).hexdigest()}
+        res = self._call(
+            "put_if_match",
+            key,
+            lambda: obstore.put(
+                self.store, key, data, mode={"e_tag": etag}, attributes=attrs,
+                use_multipart=False,
+            ),
+        )  # fmt: skip
+        return res["e_tag"] or ""
+
+    def get(self, key: str) -> Fetched:
+        """Read ``key`` whole.
+
+        :raises RemoteNotFoundError: no such object.
+        """
+
+        def fetch() -> Fetched:
+            res = obstore.get(self.store, key)
+            return Fetched(bytes(res.bytes()), res.meta["e_tag"], dict(res.attributes))
+
+        return self._call("get", key, fetch)
+
+    def get_into(self, key: str, out: IO[bytes]) -> tuple[str, dict[str, str], int]:
+        """Stream ``key`` into ``out`` (truncated first, and again on each retry).
+
+        :returns: the hex SHA-256 of the bytes written, the attributes and the size.
+        :raises RemoteNotFoundError: no such object.
+        """
+
+        def fetch() -> tuple[str, dict[str, str], int]:
+            out.seek(0)
+            out.truncate()
+            h = hashlib.sha256()
+            res = obstore.get(self.store, key)
+            size = 0
+            for chunk in res.stream(min_chunk_size=4 << 20):
+                view = memoryview(chunk)
+                h.update(view)
+                out.write(view)
+                size += len(view)
+            return h.hexdigest(), dict(res.attributes), size
+
+        return self._call("get", key, fetch)
+
+    def head_sha256(self, key: str) -> str | None:
+        """The SHA-256 attribute of ``key`` (attributes come with GET, not HEAD, in obstore).
+
+        :raises RemoteNotFoundError: no such object.
+        """
+        return self.get(key).attributes.get(SHA256_ATTR)
+
+    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
+        """``(key, size)`` of every object under ``prefix``, listing retried as a whole."""
+
+        def listing() -> list[tuple[str, int]]:
+            out: list[tuple[str, int]] = []
+            for chunk in obstore.list(self.store, prefix, chunk_size=1000):
+                out.extend((m["path"], m["size"]) for m in chunk)
+            return out
+
+        return iter(self._call("list", prefix, listing))
+
+    def list_dirs(self, prefix: str | None = None) -> list[str]:
+        """The "directories" directly under ``prefix`` (common prefixes, without the slash)."""
+
+        def listing() -> list[str]:
+            res = obstore.list_with_delimiter(self.store, prefix)
+            return [p.rstrip("/").rsplit("/", 1)[-1] for p in res["common_prefixes"]]
+
+        return self._call("list_dirs", prefix or "", listing)
+
+    def delete(self, key: str) -> None:
+        """Delete ``key``; deleting an absent key is not an error (S3 semantics)."""
+        self._call("delete", key, lambda: obstore.delete(self.store, key))
+
+
+def _s3_store(cfg: RemoteConfig, timeout: timedelta) -> S3Store:
+    kwargs: dict[str, str] = {"region": cfg.region}
+    if cfg.endpoint is not None:
+        kwargs["endpoint"] = cfg.endpoint
+    if cfg.access_key_id is not None and cfg.secret_access_key is not None:
+        kwargs["access_key_id"] = cfg.access_key_id
+        kwargs["secret_access_key"] = cfg.secret_access_key
+    if cfg.session_token is not None:
+        kwargs["session_token"] = cfg.session_token
+    try:
+        return S3Store(
+            cfg.bucket,
+            prefix=cfg.prefix or None,
+            config=kwargs,  # type: ignore[arg-type]  # keys are S3Config's
+            client_options={
+                "allow_http": cfg.allow_http,
+                "timeout": timeout,
+                "connect_timeout": min(timeout, timedelta(seconds=5)),
+            },
+            # Our own loop retries (and logs); obstore's would hide the attempts.
+            retry_config={"max_retries": 0},
+        )
+    except Exception as exc:
+        raise RemoteConfigError(f"{cfg.url}: obstore refused the configuration: {exc}") from exc

@@ -1,0 +1,255 @@
+"""The MANIFEST object: the writer generation (fencing) and the index of shipped objects.
+
+``<prefix>/<store-id>/MANIFEST`` is the one mutable object of a store. It is
+created with If-None-Match (never over an existing one) and replaced only
+with If-Match on the ETag read, so two writers can never both succeed from
+the same version. Its ``generation`` is the writer that owns the store:
+
+* :func:`acquire` bumps it (a takeover): every writer that read an older
+  version loses its next conditional write;
+* :func:`commit` (used by shipping and retention) first checks that the
+  generation read is the caller's; if not it raises
+  :class:`~statelog.errors.FencedError` and writes nothing.
+
+The index lists every object a restore may use, with its SHA-256, size and
+place in the log. An uploaded object that no manifest version lists (a
+fenced writer's last uploads, a crash between upload and commit) is
+invisible to restore. The body is JSON followed by a line
+``sha256:<hex of the JSON>``, checked on every read.
+
+A retried conditional write may be refused because its first attempt
+landed and only the answer was lost: each version carries a random
+``write_id``, and a refused writer re-reads and compares it before
+deciding that someone else won.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+
+from statelog.errors import FencedError, RemoteError
+
+from .client import RemoteClient
+from .errors import ConditionFailedError, RemoteIntegrityError, RemoteNotFoundError
+from .url import StoreKeys
+
+__all__ = [
+    "FORMAT",
+    "Entry",
+    "Manifest",
+    "Versioned",
+    "acquire",
+    "check",
+    "commit",
+    "read_manifest",
+]
+
+log = logging.getLogger("statelog.remote")
+
+FORMAT = 1
+_ROUNDS = 20  # conditional-write rounds before giving up on a busy manifest
+
+
+class Entry(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One shipped object. LSNs and crcs let restore plan the chain without downloading."""
+
+    key: str  # relative to the URL's prefix
+    kind: str  # "wal" or "snapshot"
+    name: str  # the local file name
+    sha256: str
+    size: int
+    generation: int
+    sequence: int = 0  # wal: header sequence
+    first_lsn: int = 0  # wal: header first LSN
+    prev_crc: int = 0  # wal: header chain value
+    last_lsn: int = 0  # wal: LSN in the SEAL; snapshot: its LSN
+    end_crc: int = 0  # wal: the SEAL frame's crc; snapshot: its chain
+    epoch: int = 0  # snapshot: its epoch
+
+
+class Manifest(msgspec.Struct, frozen=True):
+    """One version of the MANIFEST object."""
+
+    format: int
+    store_id: str
+    generation: int
+    writer: str  # host and pid of the acquirer
+    write_id: str
+    updated_ms: int
+    last_epoch: int = 0  # the newest epoch a restore reaches if nothing is damaged
+    identity_sha256: str = ""
+    objects: tuple[Entry, ...] = ()
+    garbage: tuple[str, ...] = ()  # keys dropped from the index, deleted once unpinned
+
+    def encode(self) -> bytes:
+        body = msgspec.json.encode(self)
+        return body + b"\nsha256:" + hashlib.sha256(body).hexdigest().encode() + b"\n"
+
+    @property
+    def segments(self) -> list[Entry]:
+        return [e for e in self.objects if e.kind == "wal"]
+
+    @property
+    def snapshots(self) -> list[Entry]:
+        """Snapshot entries, newest first."""
+        snaps = [e for e in self.objects if e.kind == "snapshot"]
+        return sorted(snaps, key=lambda e: (e.epoch, e.last_lsn), reverse=True)
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """A manifest as read, with the ETag a conditional replace must name."""
+
+    manifest: Manifest
+    etag: str
+
+
+def _decode(key: str, data: bytes) -> Manifest:
+    body, sep, tail = data.rstrip(b"\n").rpartition(b"\nsha256:")
+    if not sep or hashlib.sha256(body).hexdigest().encode() != tail:
+        raise RemoteIntegrityError(key, "manifest checksum line missing or wrong")
+    try:
+        m = msgspec.json.decode(body, type=Manifest)
+    except msgspec.DecodeError as exc:
+        raise RemoteIntegrityError(key, f"manifest does not decode: {exc}") from exc
+    if m.format != FORMAT:
+        raise RemoteError(
+            f"{key}: manifest format {m.format}, this statelog reads {FORMAT}",
+            hint="upgrade statelog on this host; nothing was changed",
+        )
+    return m
+
+
+def read_manifest(client: RemoteClient, store_id: uuid.UUID) -> Versioned | None:
+    """The current manifest of ``store_id``, verified, or None if none was ever written.
+
+    :raises RemoteIntegrityError: the object does not verify.
+    """
+    keys = StoreKeys(store_id)
+    try:
+        got = client.get(keys.manifest)
+    except RemoteNotFoundError:
+        return None
+    m = _decode(keys.manifest, got.data)
+    if m.store_id != str(store_id):
+        raise RemoteIntegrityError(keys.manifest, f"manifest of store {m.store_id}")
+    return Versioned(m, got.etag or "")
+
+
+def _who() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def acquire(client: RemoteClient, store_id: uuid.UUID) -> int:
+    """Take the store over: create the manifest at generation 1, or bump its generation.
+
+    One conditional write per round (If-None-Match to create, If-Match to
+    bump); a refused round re-reads and tries again. After this returns
+    ``g``, every writer holding a generation below ``g`` is fenced.
+
+    :returns: the new generation, owned by the caller.
+    :raises RemoteError: the manifest stayed busy for every round.
+    """
+    keys = StoreKeys(store_id)
+    for _ in range(_ROUNDS):
+        cur = read_manifest(client, store_id)
+        write_id = secrets.token_hex(12)
+        if cur is None:
+            new = Manifest(FORMAT, str(store_id), 1, _who(), write_id, _now_ms())
+            try:
+                client.put_new(keys.manifest, new.encode())
+                gen = 1
+            except ConditionFailedError:
+                if _landed(client, store_id, write_id):
+                    gen = 1
+                else:
+                    continue
+        else:
+            new = msgspec.structs.replace(
+                cur.manifest,
+                generation=cur.manifest.generation + 1,
+                writer=_who(),
+                write_id=write_id,
+                updated_ms=_now_ms(),
+            )
+            try:
+                client.put_if_match(keys.manifest, new.encode(), cur.etag)
+            except ConditionFailedError:
+                if not _landed(client, store_id, write_id):
+                    continue
+            gen = new.generation
+        log.warning("event=generation_acquired store_id=%s generation=%d", store_id, gen)
+        return gen
+    raise RemoteError(f"{keys.manifest}: still changing after {_ROUNDS} takeover attempts")
+
+
+def _landed(client: RemoteClient, store_id: uuid.UUID, write_id: str) -> bool:
+    cur = read_manifest(client, store_id)
+    return cur is not None and cur.manifest.write_id == write_id
+
+
+def check(client: RemoteClient, store_id: uuid.UUID, generation: int) -> Versioned:
+    """The current manifest, if ``generation`` still owns the store.
+
+    :raises FencedError: the manifest names another generation (the store was taken over).
+    :raises RemoteNotFoundError: no manifest exists (call :func:`acquire` first).
+    """
+    cur = read_manifest(client, store_id)
+    if cur is None:
+        raise RemoteNotFoundError(
+            f"no MANIFEST for store {store_id} at {client.where}",
+            hint="ship the store once (the first ship acquires generation 1) or acquire it",
+        )
+    if cur.manifest.generation != generation:
+        raise FencedError(
+            f"store {store_id} at {client.where} belongs to another writer",
+            ours=generation,
+            current=cur.manifest.generation,
+        )
+    return cur
+
+
+def commit(
+    client: RemoteClient,
+    store_id: uuid.UUID,
+    generation: int,
+    change: Callable[[Manifest], Manifest],
+) -> Manifest:
+    """Apply ``change`` to the current manifest and write it back with If-Match.
+
+    Each round: read (:func:`check`: FencedError if the generation moved),
+    apply ``change`` (a pure function of the version read), write with
+    If-Match on its ETag. A refused write is re-read: our own write id
+    means it landed; another generation means we were fenced; otherwise
+    (a concurrent writer of the same generation) the round repeats.
+
+    :raises FencedError: the store belongs to another generation; nothing was written.
+    :raises RemoteError: the manifest stayed busy for every round.
+    """
+    keys = StoreKeys(store_id)
+    for _ in range(_ROUNDS):
+        cur = check(client, store_id, generation)
+        write_id = secrets.token_hex(12)
+        new = msgspec.structs.replace(change(cur.manifest), write_id=write_id, updated_ms=_now_ms())
+        try:
+            client.put_if_match(keys.manifest, new.encode(), cur.etag)
+            return new
+        except ConditionFailedError:
+            if _landed(client, store_id, write_id):
+                return new
+            log.info("event=manifest_contended store_id=%s generation=%d", store_id, generation)
+    raise RemoteError(f"{keys.manifest}: still changing after {_ROUNDS} attempts")

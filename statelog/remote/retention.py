@@ -1,0 +1,111 @@
+"""Remote retention: mirror local retention on the object store, honouring remote pins.
+
+Rules, the local ones (:mod:`compactor.retention`) applied to the manifest:
+
+* keep the ``retain`` newest snapshots listed; older ones go;
+* keep every segment a replay from the oldest kept snapshot needs, and the
+  one that snapshot ends in: only segments whose SEAL is before the oldest
+  kept snapshot's LSN go. With no snapshot listed, no segment goes (the log
+  from LSN 1 is the only way back);
+* nothing a live remote pin names is deleted (:mod:`.pins`).
+
+Order of steps, each one safe to stop after:
+
+1. one conditional manifest write (:func:`.manifest.commit`, fenced by the
+   generation) moves the doomed keys from the index to ``garbage``; from
+   then on no new restore plans with them;
+2. list the live pins (expired ones are deleted);
+3. delete each garbage key that no pin names, logging each deletion;
+4. one more conditional write keeps in ``garbage`` only the keys deferred
+   because pinned; the next pass tries them again.
+
+A fenced writer fails at step 1 and deletes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+import msgspec
+
+from statelog.errors import InvalidOptionError
+
+from .client import RemoteClient
+from .manifest import Manifest, commit
+from .pins import ALL, live_pinned_keys
+
+__all__ = ["RemoteRetentionResult", "apply_remote_retention"]
+
+log = logging.getLogger("statelog.remote")
+
+
+@dataclass(frozen=True)
+class RemoteRetentionResult:
+    dropped: tuple[str, ...] = ()  # keys removed from the index by this pass
+    deleted: tuple[str, ...] = ()  # objects deleted (this pass's and earlier garbage)
+    deferred: tuple[str, ...] = ()  # garbage kept because a live pin names it
+
+
+def _doomed(m: Manifest, retain: int) -> list[str]:
+    snaps = m.snapshots
+    if not snaps:
+        return []
+    kept, old = snaps[:retain], snaps[retain:]
+    oldest_lsn = kept[-1].last_lsn
+    segs = [e for e in m.segments if e.last_lsn < oldest_lsn]
+    return [e.key for e in old] + [e.key for e in segs]
+
+
+def apply_remote_retention(
+    client: RemoteClient, store_id: uuid.UUID, generation: int, *, retain: int
+) -> RemoteRetentionResult:
+    """Apply the rules above to the store's objects (steps in the module docstring).
+
+    :raises InvalidOptionError: ``retain`` is not an int >= 1; nothing was changed.
+    :raises FencedError: ``generation`` no longer owns the store; nothing was deleted.
+    :raises RemoteError: a request failed; what was deleted stays deleted (all garbage).
+    """
+    if not isinstance(retain, int) or isinstance(retain, bool) or retain < 1:
+        raise InvalidOptionError(f"retain={retain!r}", hint="an integer >= 1")
+    dropped: list[str] = []
+
+    def drop(m: Manifest) -> Manifest:
+        doomed = set(_doomed(m, retain))
+        dropped[:] = sorted(doomed)
+        return msgspec.structs.replace(
+            m,
+            objects=tuple(e for e in m.objects if e.key not in doomed),
+            garbage=tuple(sorted(set(m.garbage) | doomed)),
+        )
+
+    m = commit(client, store_id, generation, drop)
+    if not m.garbage:
+        return RemoteRetentionResult()
+    pinned = live_pinned_keys(client, store_id)
+    if ALL in pinned:
+        log.warning("event=remote_retention_deferred store_id=%s reason=unreadable_pin", store_id)
+        return RemoteRetentionResult(tuple(dropped), (), m.garbage)
+    deleted: list[str] = []
+    deferred: list[str] = []
+    for key in m.garbage:
+        if key in pinned:
+            log.info(
+                "event=remote_deletion_deferred store_id=%s key=%s reason=pinned", store_id, key
+            )
+            deferred.append(key)
+            continue
+        client.delete(key)
+        deleted.append(key)
+        log.info("event=remote_deleted store_id=%s key=%s retain=%d", store_id, key, retain)
+    gone = set(deleted)
+    commit(
+        client,
+        store_id,
+        generation,
+        lambda cur: msgspec.structs.replace(
+            cur, garbage=tuple(k for k in cur.garbage if k not in gone)
+        ),
+    )
+    return RemoteRetentionResult(tuple(dropped), tuple(deleted), tuple(deferred))

@@ -1,0 +1,310 @@
+"""Shipping: upload every sealed segment and snapshot not shipped yet, then commit the index.
+
+One call (:func:`ship`), in this order:
+
+1. read ``IDENTITY`` and ``remote.json``; read the MANIFEST and check that
+   this store's generation owns it (the first ship of a store with no
+   manifest acquires generation 1); a stale generation is
+   :class:`~statelog.errors.FencedError` before anything is uploaded;
+2. upload ``IDENTITY`` once, then each sealed segment in log order, then
+   each snapshot oldest first. Every file is verified whole before it is
+   read for upload (the segment scan, the snapshot hash): damage is never
+   shipped. Each upload is a create (If-None-Match) of a key under this
+   generation, carrying the SHA-256 of its bytes as metadata; a key that
+   exists with the same hash is our own earlier upload and is adopted;
+3. one conditional manifest write (If-Match, fenced) lists the new objects;
+   until it lands they are invisible to restore. If it is refused because
+   the store was taken over, this call deletes what it uploaded and raises
+   FencedError;
+4. ``remote.json`` is replaced durably (temp, fsync, rename, fsync dir);
+5. optionally, remote retention (:mod:`.retention`).
+
+The writer's active segment (the last one, unsealed) is never shipped.
+Every step is safe to repeat after a crash or an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from statelog.errors import CorruptionError, FencedError, FormatVersionError, RemoteError
+from statelog.fileio import FileLayer
+from statelog.layout import IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
+from statelog.recovery import list_segments
+from statelog.snapshot import list_snapshots, verify_snapshot
+from statelog.wal_format import HEADER_SIZE
+from statelog.wal_reader import StopKind, peek_seal, scan_segment
+
+from .client import RemoteClient
+from .errors import ObjectExistsError, RemoteNotFoundError
+from .manifest import Entry, Manifest, acquire, commit, read_manifest
+from .plan import plan_restore
+from .record import Shipped, ShipRecord, load_record, save_record
+from .retention import RemoteRetentionResult, apply_remote_retention
+from .url import StoreKeys
+
+__all__ = ["ShipResult", "header_generation", "ship"]
+
+log = logging.getLogger("statelog.remote")
+
+_GENERATION_AT = 52  # the 8 reserved bytes of the segment header (docs/remote.md)
+
+
+@dataclass(frozen=True)
+class ShipResult:
+    """What one :func:`ship` call did."""
+
+    store: Path
+    store_id: uuid.UUID
+    generation: int
+    uploaded: tuple[str, ...] = ()  # keys created by this call
+    adopted: tuple[str, ...] = ()  # already on the remote with the same hash
+    bytes_uploaded: int = 0
+    last_epoch: int = 0  # the epoch a restore reaches now
+    damaged: tuple[Path, ...] = ()  # local files that failed verification (not shipped)
+    retention: RemoteRetentionResult | None = None
+    seconds: float = 0.0
+    entries: tuple[Entry, ...] = field(default=(), repr=False)
+
+
+def header_generation(header: bytes) -> int:
+    """The writer generation in a segment header's reserved bytes (0: none recorded)."""
+    return int(struct.unpack_from("<Q", header, _GENERATION_AT)[0])
+
+
+def _owner(
+    client: RemoteClient, sid: uuid.UUID, rec: ShipRecord, generation: int | None
+) -> tuple[int, Manifest]:
+    """The generation this call ships as, and the manifest it checked against."""
+    gen = generation if generation is not None else rec.generation
+    cur = read_manifest(client, sid)
+    if cur is None:
+        if gen:
+            raise RemoteNotFoundError(
+                f"store {sid} holds generation {gen} but {client.where} has no MANIFEST for it",
+                hint="the remote copy was removed; take the store over again to re-ship it",
+            )
+        gen = acquire(client, sid)
+        cur = read_manifest(client, sid)
+        if cur is None:
+            raise RemoteError(f"the MANIFEST of {sid} vanished right after it was created")
+    if cur.manifest.generation != gen:
+        raise FencedError(
+            f"store {sid} at {client.where} belongs to another writer; nothing was shipped",
+            ours=gen,
+            current=cur.manifest.generation,
+        )
+    return gen, cur.manifest
+
+
+class _Uploader:
+    """Uploads one call's files and remembers what it did."""
+
+    def __init__(self, client: RemoteClient, keys: StoreKeys, gen: int, m: Manifest) -> None:
+        self.client, self.keys, self.gen = client, keys, gen
+        self.known = {(e.kind, e.name): e for e in m.objects}
+        self.uploaded: list[str] = []
+        self.adopted: list[str] = []
+        self.bytes = 0
+
+    def put(self, key: str, data: bytes, sha: str) -> None:
+        """Create ``key``; an existing object with the same hash is ours (a retried upload).
+
+        :raises RemoteError: an existing object with another hash (never overwritten).
+        """
+        try:
+            self.client.put_new(key, data, metadata={"statelog-generation": str(self.gen)})
+        except ObjectExistsError:
+            theirs = self.client.head_sha256(key)
+            if theirs != sha:
+                raise RemoteError(
+                    f"{key} exists with sha256 {theirs}, ours is {sha}",
+                    hint="shipped objects are immutable; two histories diverged: run "
+                    "`statelog verify` and restore this store from the remote",
+                ) from None
+            self.adopted.append(key)
+            return
+        self.uploaded.append(key)
+        self.bytes += len(data)
+
+    def entry(self, e: Entry, data: bytes) -> Entry | None:
+        """Ship ``data`` as ``e`` unless the manifest lists it already; the entry to add.
+
+        A listed file of the same name but other bytes is an error if our own
+        generation listed it; from an older generation it is a history this
+        writer superseded (it restored to an earlier epoch), shipped under our
+        key beside it: restore follows the newest generation at a fork.
+        """
+        listed = self.known.get((e.kind, e.name))
+        if listed is not None:
+            if listed.sha256 == e.sha256:
+                return None
+            if listed.generation >= self.gen:
+                raise RemoteError(
+                    f"{e.kind} {e.name} differs from the copy shipped as {listed.key}",
+                    hint="this store and the remote diverged; restore it from the remote",
+                )
+        self.put(e.key, data, e.sha256)
+        return e
+
+
+def _segments(
+    store: Path, sid: uuid.UUID, gen: int, cur_gen: int, done: set[str]
+) -> Iterator[tuple[Entry, bytes] | Path]:
+    """Sealed segments not in ``done``, verified, one at a time; a damaged one as its path."""
+    try:
+        listed = list_segments(store / WAL_DIR)
+    except FileNotFoundError:
+        return
+    for _seq, _lsn, path in listed:
+        rel = f"{WAL_DIR}/{path.name}"
+        if rel in done or peek_seal(path, path.stat().st_size) is None:
+            continue  # shipped already; or the active segment (unsealed), never shipped
+        data = path.read_bytes()
+        scan = scan_segment(path, data, store_id=sid, prev_crc=None, is_last=False)
+        if scan.stop.kind is not StopKind.CLEAN or scan.header is None or scan.sealed_lsn is None:
+            log.error("event=ship_skipped_damaged file=%s reason=%r", rel, scan.stop.reason)
+            yield path
+            continue
+        written_by = header_generation(data[:HEADER_SIZE])
+        if written_by and written_by < cur_gen:
+            raise FencedError(
+                f"{rel} was written by a fenced writer", ours=written_by, current=cur_gen
+            )
+        h = scan.header
+        yield Entry(
+            key=StoreKeys(sid).segment(gen, path.name), kind="wal", name=path.name,
+            sha256=hashlib.sha256(data).hexdigest(), size=len(data), generation=gen,
+            sequence=h.sequence, first_lsn=h.first_lsn, prev_crc=h.prev_crc,
+            last_lsn=scan.sealed_lsn, end_crc=scan.end_crc,
+        ), data  # fmt: skip
+
+
+def _snapshots(
+    store: Path, files: FileLayer, sid: uuid.UUID, gen: int, done: set[str]
+) -> Iterator[tuple[Entry, bytes] | Path]:
+    """Snapshots not in ``done``, oldest first, verified; a damaged one as its path."""
+    for _epoch, _lsn, path in reversed(list_snapshots(store / SNAPSHOT_DIR)):
+        rel = f"{SNAPSHOT_DIR}/{path.name}"
+        if rel in done:
+            continue
+        try:
+            meta = verify_snapshot(files, path, store_id=sid)
+        except (CorruptionError, FormatVersionError) as exc:
+            log.error("event=ship_skipped_damaged file=%s reason=%r", rel, str(exc))
+            yield path
+            continue
+        except FileNotFoundError:
+            continue  # retention removed it meanwhile
+        # Immutable once named, so the bytes read now are the bytes just verified.
+        data = path.read_bytes()
+        yield Entry(
+            key=StoreKeys(sid).snapshot(gen, path.name), kind="snapshot", name=path.name,
+            sha256=hashlib.sha256(data).hexdigest(), size=len(data), generation=gen,
+            last_lsn=meta.lsn, end_crc=meta.chain, epoch=meta.epoch,
+        ), data  # fmt: skip
+
+
+def ship(
+    store: Path,
+    url: str,
+    *,
+    generation: int | None = None,
+    retain: int | None = None,
+    client: RemoteClient | None = None,
+    files: FileLayer | None = None,
+) -> ShipResult:
+    """Ship ``store`` to ``url`` (steps in the module docstring) and return what was done.
+
+    :param generation: the writer generation to ship as (default: the one
+        in ``remote.json``; a store that never shipped acquires generation 1).
+    :param retain: after shipping, apply remote retention keeping this many snapshots.
+    :raises StoreNotFoundError: ``store`` holds no statelog store.
+    :raises FencedError: another generation owns the store; what this call
+        uploaded was deleted again and the manifest is unchanged.
+    :raises RemoteError: a request failed after its retries, or a key holds
+        other bytes (``remote.json`` is unchanged; run again).
+    :raises OSError: reading a local file or writing ``remote.json`` failed.
+    """
+    started = time.perf_counter()
+    files = files or FileLayer()
+    store = Path(store)
+    sid = StoreLayout(store).read_identity(files)
+    client = client or RemoteClient.from_url(url)
+    rec = load_record(store, files) or ShipRecord(url=url, store_id=str(sid))
+    gen, m = _owner(client, sid, rec, generation)
+    keys = StoreKeys(sid)
+    up = _Uploader(client, keys, gen, m)
+    done = set(rec.files)
+    identity = files.read(store / IDENTITY)
+    identity_sha = hashlib.sha256(identity).hexdigest()
+    if m.identity_sha256 != identity_sha:
+        up.put(keys.identity, identity, identity_sha)
+    new: list[Entry] = []
+    damaged: list[Path] = []
+    shipped: dict[str, Shipped] = dict(rec.files)
+    now = int(time.time() * 1000)
+    try:
+        for kind, found in (
+            (WAL_DIR, _segments(store, sid, gen, m.generation, done)),
+            (SNAPSHOT_DIR, _snapshots(store, files, sid, gen, done)),
+        ):
+            for item in found:
+                if isinstance(item, Path):
+                    damaged.append(item)
+                    continue
+                e, data = item
+                added = up.entry(e, data)
+                if added is not None:
+                    new.append(added)
+                listed = added or up.known[(e.kind, e.name)]
+                shipped[f"{kind}/{e.name}"] = Shipped(listed.key, e.sha256, e.size, now)
+        result = commit(client, sid, gen, lambda cur: _with_entries(cur, new, identity_sha))
+    except FencedError:
+        _discard(client, up.uploaded)
+        raise
+    rec = msgspec.structs.replace(
+        rec, url=url, generation=gen, last_epoch=result.last_epoch, last_ship_ms=now,
+        files=shipped,
+    )  # fmt: skip
+    save_record(store, rec, files)
+    kept = apply_remote_retention(client, sid, gen, retain=retain) if retain is not None else None
+    out = ShipResult(
+        store, sid, gen, tuple(up.uploaded), tuple(up.adopted), up.bytes, result.last_epoch,
+        tuple(damaged), kept, time.perf_counter() - started, tuple(new),
+    )  # fmt: skip
+    log.info(
+        "event=shipped store=%s store_id=%s generation=%d uploaded=%d adopted=%d bytes=%d "
+        "last_epoch=%d damaged=%d seconds=%.3f",
+        store, sid, gen, len(out.uploaded), len(out.adopted), out.bytes_uploaded,
+        out.last_epoch, len(damaged), out.seconds,
+    )  # fmt: skip
+    return out
+
+
+def _with_entries(cur: Manifest, new: list[Entry], identity_sha: str) -> Manifest:
+    present = {e.key for e in cur.objects}
+    objects = cur.objects + tuple(e for e in new if e.key not in present)
+    m = msgspec.structs.replace(cur, objects=objects, identity_sha256=identity_sha)
+    plan = plan_restore(m)
+    return msgspec.structs.replace(m, last_epoch=plan.epoch if plan else 0)
+
+
+def _discard(client: RemoteClient, keys: list[str]) -> None:
+    """Best effort: remove a fenced call's uploads (no manifest lists them)."""
+    for key in keys:
+        try:
+            client.delete(key)
+        except RemoteError as exc:
+            log.warning("event=fenced_upload_left key=%s reason=%r", key, str(exc))
+    if keys:
+        log.warning("event=fenced_uploads_removed count=%d", len(keys))

@@ -1,0 +1,198 @@
+"""Fencing zombie writers through the MANIFEST's conditional writes, as a table of failure modes.
+
+| failure mode                         | expected                                      |
+|--------------------------------------|-----------------------------------------------|
+| old host ships after a takeover      | FencedError, manifest unchanged, uploads gone |
+| old host's retention after it        | FencedError, nothing deleted                  |
+| segment of a stale generation        | FencedError before any upload                 |
+| two takeovers at the same moment     | distinct generations, the last owns it        |
+| one ships while the other takes over | the zombie ends fenced; restore = winner      |
+| copy of unknown provenance claims    | FencedError (ours=0)                          |
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import threading
+from pathlib import Path
+
+import pytest
+
+import statelog
+from statelog.errors import FencedError
+from statelog.fileio import FileLayer
+from statelog.layout import StoreLayout
+from statelog.remote import (
+    acquire,
+    apply_remote_retention,
+    claim,
+    read_manifest,
+    restore,
+    ship,
+    take_over,
+)
+from statelog.remote.ship import header_generation
+from tests.s3server import Remote, remote, s3  # noqa: F401
+from tests.test_remote import commit_range, state_of
+
+
+def sid_of(store: Path):  # type: ignore[no-untyped-def]
+    return StoreLayout(store).read_identity(FileLayer())
+
+
+def failover(tmp_path: Path, remote: Remote) -> tuple[Path, Path]:  # noqa: F811
+    """Host A ships; host B restores and takes over. Returns (A, B)."""
+    a = tmp_path / "a"
+    commit_range(a, 0, 200)
+    ship(a, remote.url, client=remote.client())
+    b = tmp_path / "b"
+    res = restore(remote.url, b, client=remote.client(), take_over=True)
+    assert res.generation == 2
+    return a, b
+
+
+def test_zombie_ship_after_takeover_is_refused(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
+    a, b = failover(tmp_path, remote)
+    client = remote.client()
+    before = read_manifest(client, sid_of(a))
+    keys_before = remote.object_keys()
+    commit_range(a, 200, 300)  # the zombie keeps writing locally
+    with pytest.raises(FencedError) as err:
+        ship(a, remote.url, client=client)
+    assert (err.value.ours, err.value.current) == (1, 2)
+    after = read_manifest(client, sid_of(a))
+    assert before is not None and after is not None and after.etag == before.etag
+    assert remote.object_keys() == keys_before
+    commit_range(b, 200, 260)
+    assert ship(b, remote.url, client=client).last_epoch == 260
+
+
+def test_zombie_retention_is_refused_and_deletes_nothing(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    a, _b = failover(tmp_path, remote)
+    keys = remote.object_keys()
+    with pytest.raises(FencedError):
+        apply_remote_retention(remote.client(), sid_of(a), 1, retain=1)
+    assert remote.object_keys() == keys
+
+
+def test_segment_written_by_a_stale_generation_is_refused(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    """Forward check of the header field docs/remote.md specifies (bytes 52..59)."""
+    _a, b = failover(tmp_path, remote)
+    commit_range(b, 200, 260)
+    seg = sorted((b / "wal").glob("*.wal"))[-1]
+    data = bytearray(seg.read_bytes())
+    from statelog.wal_format import SegmentHeader
+
+    # As the writer will once it records generations: generation 1 in the
+    # reserved bytes, header crc recomputed.
+    struct.pack_into("<Q", data, 52, 1)
+    head = SegmentHeader.unpack(bytes(data[:64]))
+    packed = bytearray(head.pack())
+    packed[52:60] = data[52:60]
+    import crc32c
+
+    from statelog.wal_format import mask
+
+    struct.pack_into("<I", packed, 60, mask(crc32c.crc32c(bytes(packed[:60]))))
+    data[:64] = packed
+    seg.write_bytes(bytes(data))
+    assert header_generation(bytes(data[:64])) == 1
+    keys = remote.object_keys()
+    with pytest.raises(FencedError):
+        ship(b, remote.url, client=remote.client())
+    assert remote.object_keys() == keys
+
+
+def test_simultaneous_takeovers_get_distinct_generations(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    a = tmp_path / "a"
+    commit_range(a, 0, 20)
+    ship(a, remote.url, client=remote.client())
+    sid = sid_of(a)
+    got: list[int] = []
+    barrier = threading.Barrier(6)
+
+    def grab() -> None:
+        client = remote.client()
+        barrier.wait()
+        got.append(acquire(remote.url, sid, client=client))
+
+    threads = [threading.Thread(target=grab) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == list(range(2, 8))
+    cur = read_manifest(remote.client(), sid)
+    assert cur is not None and cur.manifest.generation == 7
+
+
+def test_two_writers_racing_zombie_ends_fenced(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
+    a = tmp_path / "a"
+    commit_range(a, 0, 150)
+    ship(a, remote.url, client=remote.client())
+    b = tmp_path / "b"
+    outcome: dict[str, object] = {}
+
+    def zombie() -> None:
+        i = 150
+        try:
+            while i < 3000:
+                commit_range(a, i, i + 20)
+                i += 20
+                ship(a, remote.url, client=remote.client())
+        except FencedError as exc:
+            outcome["zombie"] = exc
+
+    def successor() -> None:
+        # Fence first, then read: whatever the zombie committed before the
+        # takeover is in the restored state, nothing after it is on the remote.
+        res = restore(remote.url, b, client=remote.client(), take_over=True)
+        outcome["gen"] = res.generation
+        outcome["from"] = res.epoch
+        commit_range(b, res.epoch, res.epoch + 80)
+        outcome["ship"] = ship(b, remote.url, client=remote.client())
+
+    tz = threading.Thread(target=zombie)
+    ts = threading.Thread(target=successor)
+    tz.start()
+    ts.start()
+    ts.join()
+    tz.join()
+    assert isinstance(outcome.get("zombie"), FencedError)
+    assert outcome["gen"] == 2
+    want = state_of(b)
+    shutil.rmtree(a)
+    shutil.rmtree(b)
+    res = restore(remote.url, tmp_path / "c", client=remote.client())
+    assert res.epoch == want["epoch"] == outcome["from"] + 80  # type: ignore[operator]
+    assert state_of(tmp_path / "c") == want
+
+
+def test_copy_of_unknown_provenance_cannot_claim(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
+    a = tmp_path / "a"
+    commit_range(a, 0, 30)
+    assert claim(a, remote.url, client=remote.client()) == 1
+    copy = tmp_path / "copy"
+    shutil.copytree(a, copy)
+    (copy / "remote.json").unlink()
+    with pytest.raises(FencedError) as err:
+        claim(copy, remote.url, client=remote.client())
+    assert err.value.ours == 0
+    # The owner restarts on its own host: still current.
+    assert claim(a, remote.url, client=remote.client()) == 1
+    with statelog.open(a) as st:
+        assert st.epoch == 30
+    # An explicit takeover of the copy fences the original owner.
+    assert take_over(copy, remote.url, client=remote.client()) == 2
+    with pytest.raises(FencedError):
+        claim(a, remote.url, client=remote.client())
