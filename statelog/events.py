@@ -17,8 +17,9 @@ Kinds and their fields (every field is JSON-serialisable):
 ``recovery``
     ``epoch``, ``snapshot`` (name or None), ``replay_from`` and
     ``replay_to`` (LSNs replayed), ``records_replayed``, ``outcome``
-    (clean, torn, corrupt), ``rejected`` (list of ``{"file", "reason"}``),
-    ``lost_epochs``, ``seconds``, ``readonly``.
+    (``clean``, ``torn-tail``, ``corruption``: ``statelog.Outcome``),
+    ``rejected`` (list of ``{"file", "offset", "reason"}``), ``lost_epochs``,
+    ``seconds``, ``readonly``.
 ``integrity_mismatch``
     ``file``, ``offset`` (or None), ``reason``, ``source`` (recovery,
     compactor, swap).
