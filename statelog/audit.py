@@ -16,6 +16,10 @@ hash is read under that lock. Appends are rare, so each pays two fsyncs.
 A hash chain without a secret key detects accidents and naive edits, not
 an adversary who rewrites the log and the anchor consistently; see the
 limits in ``docs/format.md``.
+
+The bytes of entries and the anchor are :mod:`statelog.audit_format`;
+checking a trail is :mod:`statelog.audit_check`. Their public names are
+re-exported here, so ``statelog.audit`` stays the one import.
 """
 
 from __future__ import annotations
@@ -28,14 +32,27 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path, PurePath
-from typing import Any, Final, Literal
+from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from . import events
+from .audit_check import AuditProblem, AuditVerdict, ProblemKind, anchor_problem, check
+from .audit_format import (
+    ANCHOR_NAME,
+    ENCODER,
+    ENTRY_DECODER,
+    LOCK_NAME,
+    LOG_NAME,
+    Anchor,
+    AuditEntry,
+    Body,
+    genesis_hash,
+    parse_anchor,
+    seal,
+)
 from .errors import AuditError, StatelogError
 from .fileio import FileLayer
 from .layout import IDENTITY, StoreLayout
@@ -57,18 +74,9 @@ __all__ = [
 
 log = logging.getLogger("statelog.audit")
 
-LOG_NAME: Final = "AUDIT.log"
-ANCHOR_NAME: Final = "AUDIT.head"
-LOCK_NAME: Final = "AUDIT.lock"
-_GENESIS_TAG: Final = b"statelog-audit-genesis\x00"
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 _KIND_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _RESERVED = "audit_"
 """Field-name prefix the trail keeps for its own notes (torn-tail repairs, anchor mismatches)."""
-
-ProblemKind = Literal[
-    "edited", "deleted", "reordered", "inserted", "truncated", "torn", "unreadable"
-]
 
 
 class AuditInputError(AuditError, ValueError):
@@ -78,113 +86,6 @@ class AuditInputError(AuditError, ValueError):
         "pass a lower-case kind and JSON-serialisable fields (str keys; str, int, float, "
         "bool, None, lists, dicts, paths); nothing was written"
     )
-
-
-class AuditEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
-    """One entry of the trail, in its canonical field order.
-
-    :ivar seq: 1, 2, ... in append order.
-    :ivar ts: UTC time of the append, RFC 3339 with microseconds and ``Z``.
-    :ivar kind: what happened (an event kind, or another lower-case word).
-    :ivar pid: the appending process.
-    :ivar fields: the event's ``key=value`` fields, as plain JSON values.
-    :ivar prev: hex SHA-256 of the previous entry (the genesis value for entry 1).
-    :ivar hash: hex SHA-256 of this entry's canonical bytes without ``hash``.
-    """
-
-    # gc=False: entries hold no cycles; tracking 100k of them doubled the time to read them.
-
-    seq: int
-    ts: str
-    kind: str
-    pid: int
-    fields: dict[str, Any]
-    prev: str
-    hash: str
-
-
-class _Body(msgspec.Struct, frozen=True):
-    """An entry without its ``hash``: the bytes that are hashed."""
-
-    seq: int
-    ts: str
-    kind: str
-    pid: int
-    fields: dict[str, Any]
-    prev: str
-
-
-class _Link(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
-    """An entry as verify reads it: ``fields`` left as raw bytes, which the hash covers."""
-
-    seq: int
-    ts: str
-    kind: str
-    pid: int
-    fields: msgspec.Raw
-    prev: str
-    hash: str
-
-
-class _Anchor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    seq: int
-    hash: str
-
-
-@dataclass(frozen=True)
-class AuditProblem:
-    """One thing :meth:`AuditTrail.verify` found wrong.
-
-    :ivar line: 1-based line of ``AUDIT.log`` at fault, or None when the fault
-        is in ``AUDIT.head`` or concerns entries that are gone.
-    :ivar seq: the entry's sequence number, when known.
-    :ivar kind: edited, deleted, reordered, inserted, truncated, torn or unreadable.
-    :ivar reason: one human sentence.
-    :ivar file: ``AUDIT.log`` or ``AUDIT.head``.
-    """
-
-    line: int | None
-    seq: int | None
-    kind: ProblemKind
-    reason: str
-    file: str = LOG_NAME
-
-
-@dataclass(frozen=True)
-class AuditVerdict:
-    """The result of :meth:`AuditTrail.verify`.
-
-    :ivar ok: no problem other than a torn tail (a crash mid-append, never
-        acknowledged, cut off by the next append).
-    :ivar entries: readable entries in the log.
-    :ivar problems: every problem, torn tail included, in file order.
-    """
-
-    ok: bool
-    entries: int
-    problems: list[AuditProblem] = field(default_factory=list)
-
-
-def _enc_hook(obj: Any) -> Any:
-    if isinstance(obj, PurePath):
-        return str(obj)
-    raise TypeError(f"type {type(obj).__name__} is not JSON-serialisable")
-
-
-# order="deterministic" sorts dict keys and keeps struct fields in declared order.
-_ENC = msgspec.json.Encoder(order="deterministic", enc_hook=_enc_hook)
-_DEC = msgspec.json.Decoder(AuditEntry)
-_LINK_DEC = msgspec.json.Decoder(_Link)
-_ANCHOR_DEC = msgspec.json.Decoder(_Anchor)
-
-
-def genesis_hash(store_id: bytes) -> str:
-    """The ``prev`` of entry 1: SHA-256 of a fixed tag and the 16-byte store id, in hex.
-
-    Tying entry 1 to the store id means a trail copied from another store
-    does not verify here.
-    """
-    return hashlib.sha256(_GENESIS_TAG + store_id).hexdigest()
 
 
 def _plain_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -200,67 +101,11 @@ def _plain_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
         if key.startswith(_RESERVED):
             raise AuditInputError(f"field name {key!r}: the prefix {_RESERVED!r} is reserved")
     try:
-        plain = msgspec.json.decode(_ENC.encode(dict(fields)))
+        plain = msgspec.json.decode(ENCODER.encode(dict(fields)))
     except (TypeError, ValueError, OverflowError, msgspec.MsgspecError) as exc:
         raise AuditInputError(f"fields are not JSON-serialisable: {exc}") from exc
     assert isinstance(plain, dict)
     return plain
-
-
-def _seal(body: _Body) -> tuple[AuditEntry, bytes]:
-    """The entry with its hash, and its line (canonical bytes and a newline)."""
-    raw = _ENC.encode(body)
-    digest = hashlib.sha256(raw).hexdigest()
-    line = raw[:-1] + b',"hash":"' + digest.encode() + b'"}\n'
-    entry = AuditEntry(body.seq, body.ts, body.kind, body.pid, body.fields, body.prev, digest)
-    return entry, line
-
-
-def _parse_anchor(raw: bytes) -> _Anchor:
-    """:raises ValueError: not an anchor (also for a bad seq or hash)."""
-    try:
-        anchor = _ANCHOR_DEC.decode(raw)
-    except msgspec.MsgspecError as exc:
-        raise ValueError(str(exc)) from exc
-    if anchor.seq < 1 or not _HEX64.fullmatch(anchor.hash):
-        raise ValueError(f"seq {anchor.seq} or hash {anchor.hash!r:.80} out of range")
-    return anchor
-
-
-def _anchor_problem(
-    anchor: _Anchor | ValueError | None, last_seq: int, hash_of: Callable[[int], str | None]
-) -> tuple[ProblemKind, str] | None:
-    """Whether the anchor agrees with a log whose last entry is ``last_seq``.
-
-    Accepted exactly: anchor == last entry; anchor one behind (a crash after
-    the entry was durable, before the anchor moved); no anchor and at most
-    one entry (a crash during the very first append).
-    """
-    if isinstance(anchor, ValueError):
-        return "unreadable", f"{ANCHOR_NAME} is not an anchor: {anchor}"
-    if anchor is None:
-        if last_seq <= 1:
-            return None
-        return "deleted", (
-            f"{ANCHOR_NAME} is missing while the log holds {last_seq} entries, "
-            "so a cut-off tail could go unnoticed"
-        )
-    if anchor.seq > last_seq:
-        return "truncated", (
-            f"{ANCHOR_NAME} names entry {anchor.seq} but the log ends at entry {last_seq}: "
-            f"{anchor.seq - last_seq} entries were cut off the end"
-        )
-    if anchor.seq < last_seq - 1:
-        return "inserted", (
-            f"{last_seq - anchor.seq} entries follow the anchored entry {anchor.seq}; "
-            "a crash leaves at most one"
-        )
-    if hash_of(anchor.seq) != anchor.hash:
-        return "edited", (
-            f"entry {anchor.seq} does not have the hash {ANCHOR_NAME} names: "
-            "the entry or the anchor was changed"
-        )
-    return None
 
 
 @contextlib.contextmanager
@@ -302,136 +147,6 @@ def _read_tail(path: Path) -> tuple[int, bytes | None, bytes]:
     if last_nl < 0:
         return size, None, chunk
     return size, chunk[prev_nl + 1 : last_nl], chunk[last_nl + 1 :]
-
-
-_NOTED: Final[dict[str, ProblemKind]] = {
-    k: k for k in ("edited", "deleted", "inserted", "truncated", "unreadable")
-}
-"""Problem kinds an ``audit_anchor_mismatch`` note may name."""
-
-
-def _looks_torn(tail: bytes) -> bool:
-    """A cut-short entry starts like one; a size that landed before its data reads as zeros."""
-    return tail.startswith(b'{"seq":'[: len(tail)]) or not tail.strip(b"\0")
-
-
-def _read_lines(data: bytes, path: Path) -> tuple[list[tuple[int, _Link]], list[AuditProblem]]:
-    """Parse every complete line; problems for lines that are unreadable or do not hash."""
-    parts = data.split(b"\n")
-    torn = parts.pop()  # the bytes after the last newline: empty when the file ends cleanly
-    parsed: list[tuple[int, _Link]] = []
-    problems: list[AuditProblem] = []
-    for number, raw in enumerate(parts, 1):
-        try:
-            entry = _LINK_DEC.decode(raw)
-        except msgspec.MsgspecError as exc:
-            problems.append(AuditProblem(number, None, "unreadable", f"not an audit entry: {exc}"))
-            continue
-        if entry.seq < 1:
-            problems.append(AuditProblem(number, entry.seq, "unreadable", "seq is not positive"))
-            continue
-        parsed.append((number, entry))
-        # The hashed bytes are the line itself up to its hash field, so any
-        # byte changed (even one that keeps the JSON value) breaks the hash.
-        suffix = b',"hash":"' + entry.hash.encode() + b'"}'
-        body = raw[: -len(suffix)] + b"}"
-        if not raw.endswith(suffix) or hashlib.sha256(body).hexdigest() != entry.hash:
-            why = "the entry's bytes do not match its own hash: it was changed"
-            problems.append(AuditProblem(number, entry.seq, "edited", why))
-    if not parsed and (parts or not _looks_torn(torn)):
-        raise AuditError(
-            f"{path} is not an audit trail: no line is an audit entry",
-            hint="check the path; nothing was changed",
-        )
-    if torn:
-        why = (
-            f"{len(torn)} bytes after the last newline: an append cut short by a crash, "
-            "never acknowledged; the next append saves them aside and cuts them off"
-        )
-        problems.append(AuditProblem(len(parts) + 1, None, "torn", why))
-    return parsed, problems
-
-
-def _pick_authentic(
-    parsed: list[tuple[int, _Link]], anchor: _Anchor | ValueError | None
-) -> tuple[dict[int, tuple[int, _Link]], list[AuditProblem]]:
-    """One entry per seq: of several, the one its successor (or the anchor) chains to."""
-    by_seq: dict[int, list[tuple[int, _Link]]] = {}
-    for item in parsed:
-        by_seq.setdefault(item[1].seq, []).append(item)
-    chosen: dict[int, tuple[int, _Link]] = {}
-    problems: list[AuditProblem] = []
-    for seq, candidates in by_seq.items():
-        keep = candidates[0]
-        if len(candidates) > 1:
-            linked_to = {e.prev for _, e in by_seq.get(seq + 1, [])}
-            if isinstance(anchor, _Anchor) and anchor.seq == seq:
-                linked_to.add(anchor.hash)
-            keep = next((c for c in candidates if c[1].hash in linked_to), keep)
-            for number, _ in candidates:
-                if number != keep[0]:
-                    why = f"a second entry {seq}; the chain goes through line {keep[0]}"
-                    problems.append(AuditProblem(number, seq, "inserted", why))
-        chosen[seq] = keep
-    return chosen, problems
-
-
-def _anchor_note(entry: _Link) -> dict[str, Any] | None:
-    """The ``audit_anchor_mismatch`` note an append left in ``entry``, if any."""
-    if b'"audit_anchor_mismatch"' not in bytes(entry.fields):  # skips decoding most entries
-        return None
-    try:
-        note = msgspec.json.decode(entry.fields).get("audit_anchor_mismatch")
-    except (msgspec.MsgspecError, AttributeError):
-        return None  # the hash check reports such an entry already
-    return note if isinstance(note, dict) else None
-
-
-def _check(
-    data: bytes, anchor: _Anchor | ValueError | None, genesis: str, path: Path
-) -> AuditVerdict:
-    """The verdict on a log's bytes and its anchor (see ``docs/format.md``)."""
-    parsed, problems = _read_lines(data, path)
-    chosen, inserted = _pick_authentic(parsed, anchor)
-    problems += inserted
-    last_seq = max(chosen, default=0)
-    highest = 0
-    for number, entry in sorted(chosen.values(), key=lambda c: c[0]):
-        if entry.seq < highest:
-            why = f"entry {entry.seq} comes after entry {highest}"
-            problems.append(AuditProblem(number, entry.seq, "reordered", why))
-        highest = max(highest, entry.seq)
-    gap_start: int | None = None
-    for seq in range(1, last_seq + 2):
-        if seq not in chosen and seq <= last_seq:
-            gap_start = seq if gap_start is None else gap_start
-        elif gap_start is not None:
-            why = f"entries {gap_start}..{seq - 1} are missing"
-            problems.append(AuditProblem(chosen[seq][0], gap_start, "deleted", why))
-            gap_start = None
-    for seq, (number, entry) in chosen.items():
-        if seq == 1 and entry.prev != genesis:
-            why = "entry 1 does not chain from this store's genesis (changed, or another store's)"
-            problems.append(AuditProblem(number, 1, "edited", why))
-        elif seq - 1 in chosen and entry.prev != chosen[seq - 1][1].hash:
-            why = (
-                f"entry {seq} names another predecessor: entry {seq - 1} was changed "
-                f"and its hash recomputed (or entry {seq} was forged)"
-            )
-            problems.append(AuditProblem(chosen[seq - 1][0], seq - 1, "edited", why))
-        note = _anchor_note(entry)
-        if note is not None:
-            why = f"when entry {seq} was appended: {note.get('reason')}"
-            kind = _NOTED.get(str(note.get("problem")), "edited")
-            problems.append(AuditProblem(number, seq, kind, why))
-    found = _anchor_problem(anchor, last_seq, lambda s: chosen[s][1].hash if s in chosen else None)
-    if found is not None:
-        where = ANCHOR_NAME if found[0] in ("unreadable", "deleted") else LOG_NAME
-        seq_named = anchor.seq if isinstance(anchor, _Anchor) else None
-        problems.append(AuditProblem(None, seq_named, *found, file=where))
-    problems.sort(key=lambda p: (p.line is None, p.line or 0, p.seq or 0))
-    ok = all(p.kind == "torn" for p in problems)
-    return AuditVerdict(ok, len(parsed), problems)
 
 
 class AuditTrail:
@@ -502,7 +217,7 @@ class AuditTrail:
         last: AuditEntry | None = None
         if last_raw is not None:
             try:
-                last = _DEC.decode(last_raw)
+                last = ENTRY_DECODER.decode(last_raw)
             except msgspec.MsgspecError as exc:
                 raise AuditError(
                     f"{self.log_path}: the last entry is unreadable, so nothing can chain to it",
@@ -519,7 +234,7 @@ class AuditTrail:
                 return last.prev
             return None
 
-        mismatch = _anchor_problem(anchor, last_seq, hash_of)
+        mismatch = anchor_problem(anchor, last_seq, hash_of)
         if mismatch is not None:
             plain["audit_anchor_mismatch"] = {"problem": mismatch[0], "reason": mismatch[1]}
             log.error(
@@ -528,8 +243,8 @@ class AuditTrail:
                 *mismatch,
             )
         ts = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        body = _Body(last_seq + 1, ts, kind, os.getpid(), plain, last.hash if last else genesis)
-        entry, line = _seal(body)
+        body = Body(last_seq + 1, ts, kind, os.getpid(), plain, last.hash if last else genesis)
+        entry, line = seal(body)
         out = self._files.open_append(self.log_path)
         try:
             before = out.size
@@ -544,7 +259,7 @@ class AuditTrail:
                 raise
         finally:
             out.close()
-        anchor_doc = _ENC.encode(_Anchor(entry.seq, entry.hash)) + b"\n"
+        anchor_doc = ENCODER.encode(Anchor(entry.seq, entry.hash)) + b"\n"
         self._files.create_durable(self.anchor_path, anchor_doc)
         log.info("event=audit_append store=%s seq=%d kind=%s", self.root, entry.seq, kind)
         return entry
@@ -573,18 +288,18 @@ class AuditTrail:
             "saved_as": evidence.name,
         }
 
-    def _read_anchor(self) -> _Anchor | ValueError | None:
+    def _read_anchor(self) -> Anchor | ValueError | None:
         """The anchor, None when absent, or the ValueError that says why it is garbled."""
         try:
             raw = self._files.read(self.anchor_path)
         except FileNotFoundError:
             return None
         try:
-            return _parse_anchor(raw)
+            return parse_anchor(raw)
         except ValueError as exc:
             return exc
 
-    def _snapshot(self) -> tuple[bytes, _Anchor | ValueError | None]:
+    def _snapshot(self) -> tuple[bytes, Anchor | ValueError | None]:
         """The log's bytes and the anchor, read together under a shared lock.
 
         :raises AuditError: a read failed, or the root is not a directory.
@@ -611,7 +326,7 @@ class AuditTrail:
         lines = data.split(b"\n")[:-1]  # the part after the last newline is torn or empty
         for number, raw in enumerate(lines, 1):
             try:
-                yield _DEC.decode(raw)
+                yield ENTRY_DECODER.decode(raw)
             except msgspec.MsgspecError as exc:
                 raise AuditError(
                     f"{self.log_path} line {number} is not an audit entry: {exc}"
@@ -628,7 +343,7 @@ class AuditTrail:
         """
         genesis = self._genesis()
         data, anchor = self._snapshot()
-        return _check(data, anchor, genesis, self.log_path)
+        return check(data, anchor, genesis, self.log_path)
 
 
 _unsubscribe: Callable[[], None] | None = None
