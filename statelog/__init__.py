@@ -39,7 +39,9 @@ from .errors import (
     StoreLockedError,
     StoreNotFoundError,
 )
+from .partition import ShardMismatchError
 from .report import Outcome, RecoveryReport, Rejection
+from .sharded import ShardCommitError, ShardedStore, ShardOpenError
 from .store import Durability, StateStore, open
 from .transaction import Transaction
 
@@ -68,6 +70,10 @@ __all__ = [
     "Rejection",
     "RemoteError",
     "ResnapshotRequired",
+    "ShardCommitError",
+    "ShardMismatchError",
+    "ShardOpenError",
+    "ShardedStore",
     "SinkError",
     "StateStore",
     "StatelogError",
