@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidCommitError
-from .records import TableDelta, encode_value
+from .records import CommitRecord, TableDelta, encode_record, encode_value
 from .state import Key
-from .validate import ENCODE_ERRORS, check_key, check_offsets, table_delta
+from .validate import ENCODE_ERRORS, check_key, check_offsets, check_watermark, table_delta
 
 if TYPE_CHECKING:
     from .store import StateStore
@@ -86,18 +86,51 @@ class Transaction:
                 "the transaction has already ended", hint="start a new store.transaction()"
             )
 
+    def prepare(self) -> int:
+        """Check everything :meth:`commit` checks, without writing; returns the record's size.
+
+        For callers that must know a commit will be accepted before doing
+        something they cannot undo (an idempotent sink writes its outputs
+        first). It checks the offsets and the watermark against the store's
+        current state, and encodes the record to check it against
+        ``max_record_bytes``; a later ``commit`` encodes it again.
+
+        :raises InvalidCommitError: the commit would be refused; nothing was written.
+        """
+        self._check_open()
+        store = self._store
+        offsets = check_offsets(self.offsets, store.offsets)
+        wm = store.low_watermark_ms if self.low_watermark_ms is None else self.low_watermark_ms
+        wm = check_watermark(wm, store.low_watermark_ms)
+        record = CommitRecord(store.epoch + 1, offsets, wm, self._deltas())
+        try:
+            size = len(encode_record(record))
+        except ENCODE_ERRORS as exc:
+            raise InvalidCommitError(f"the commit cannot be encoded: {exc}") from exc
+        limit = store._max_record
+        if size > limit:
+            raise InvalidCommitError(
+                f"commit record is {size} bytes, over max_record_bytes={limit}",
+                hint="split the commit into smaller ones or raise max_record_bytes",
+            )
+        return size
+
     def commit(self) -> int:
         """Commit now (the ``with`` block does this on a clean exit); returns the epoch."""
         self._check_open()
+        deltas = self._deltas()
+        self.epoch = self._store._commit_transaction(self.offsets, self.low_watermark_ms, deltas)
+        self._done = True
+        return self.epoch
+
+    def _deltas(self) -> list[TableDelta]:
         deltas = []
         for name, staged in self._tables.items():
             keys = [k for k, v in staged.items() if v is not _DELETED]
             values = [staged[k] for k in keys]
             deletes = [k for k, v in staged.items() if v is _DELETED]
             deltas.append(TableDelta(name, keys, values, deletes))
-        self.epoch = self._store._commit_transaction(self.offsets, self.low_watermark_ms, deltas)
-        self._done = True
-        return self.epoch
+        return deltas
 
     def discard(self) -> None:
         """Drop every staged change."""

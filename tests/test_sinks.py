@@ -322,6 +322,26 @@ def test_bad_input_changes_nothing(target: Target, tmp_path: Path, case: str) ->
         assert (good.epoch, good.rows) == (2, 1)
 
 
+def test_commit_too_large_for_the_store_writes_nothing_to_the_sink(
+    target: Target, tmp_path: Path
+) -> None:
+    path = tmp_path / "store"
+    with statelog.open(path, max_record_bytes=4096) as store, target.open() as sink:
+        sinked = SinkedStore(store, sink)
+        with pytest.raises(statelog.InvalidCommitError, match="max_record_bytes"):
+            sinked.commit(
+                outputs=[Output("big", 1, {"x": 1})],
+                offsets={"in-0": 1},
+                low_watermark_ms=1,
+                put={"k": "v" * 10_000},
+            )
+        assert sink.rows() == [] and store.epoch == 0
+        done = sinked.commit(
+            outputs=[Output("big", 1, {"x": 1})], offsets={"in-0": 1}, low_watermark_ms=1
+        )
+        assert (done.epoch, done.rows) == (1, 1)
+
+
 @pytest.mark.parametrize(
     "case", ["table with space", "table empty", "table quote", "table too long", "epoch 0",
              "epoch bool", "epoch str"],

@@ -212,6 +212,9 @@ class SinkTransaction:
                     o.version if prev is None else max(prev, o.version),
                     table=owner.marks_table,
                 )
+            # Everything the store would refuse is refused before the sink
+            # writes: rows without their commit would only be undone by a replay.
+            self._tx.prepare()
             epoch = store.epoch + 1
             rows = owner.sink.write(self._outputs, epoch)
             got = self._tx.commit()
