@@ -94,6 +94,7 @@ class _Pass:
     min_tail_records: int
     level: int
     stop: Callable[[], bool]
+    progress: Callable[[str, int, int], None] = lambda _item, _done, _total: None
     damaged: list[Path] = field(default_factory=list)
     bytes_read: int = 0
 
@@ -111,6 +112,7 @@ def compact(
     level: int = 3,
     lock: CompactorLock | None = None,
     stop: Callable[[], bool] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> CompactionResult:
     """Run one compaction pass over ``store`` (steps in the module docstring).
 
@@ -126,6 +128,8 @@ def compact(
         its whole life); None: take it for this pass.
     :param stop: polled between steps; when it returns True the pass is
         abandoned safely (``skipped="interrupted"``, no retention).
+    :param progress: called as ``(segment, bytes folded, bytes to fold)``
+        before each segment is folded and once at the end (the CLI's bar).
     :raises InvalidOptionError: an option is out of range, or ``lock`` is not held.
     :raises StoreNotFoundError: ``store`` holds no statelog store.
     :raises CompactorLockedError: another compactor holds the store.
@@ -146,6 +150,8 @@ def compact(
             root, layout, files, sid, root / SCRATCH_DIR, min_tail_bytes, min_tail_records,
             level, stop or (lambda: False),
         )  # fmt: skip
+        if progress is not None:
+            p.progress = progress
         p.say(logging.DEBUG, "pass_started")
         _clear_scratch(p)
         try:
@@ -340,7 +346,11 @@ def _fold_from(
         )  # fmt: skip
         fold = Folding(base_lsn, chain, meta_offsets, wm)
         last_in_log = [s.path for s in list_segment_infos(p.layout.wal)[-1:]]
+        total = sum(s.size for s in tail[start:])
+        done = 0
         for seg in tail[start:]:
+            p.progress(seg.name, done, total)
+            done += seg.size
             if p.stop():
                 return CompactionResult(p.root, base=base, skipped="interrupted")
             why = fold_segment(p.files, p.store_id, builder, seg, fold, seg.path in last_in_log)
@@ -354,6 +364,7 @@ def _fold_from(
                     _mismatch(p, seg.path, None, why, walk_back=False)
                 break
         p.bytes_read += fold.bytes_read
+        p.progress("folded", done, total)
         if fold.good_epoch == base_lsn:
             return CompactionResult(p.root, base=base, skipped="damaged")
         if p.stop():

@@ -442,3 +442,19 @@ def test_signal_during_passes_exits_0_promptly(
     for _, _, p in list_snapshots(store_path / "snapshots"):
         assert_snapshot_is_model(p, tmp_path / "x")
     CompactorLock(store_path).release()  # released: nothing holds it
+
+
+def test_progress_reports_every_segment_folded_and_the_end(store_path: Path) -> None:
+    from tests.helpers import build_store, simple_commits
+
+    build_store(store_path, simple_commits(60, value_size=200), segment_bytes=4096)
+    calls: list[tuple[str, int, int]] = []
+    result = compact(
+        store_path, progress=lambda item, done, total: calls.append((item, done, total))
+    )
+    assert result.snapshot is not None and len(result.segments) > 2
+    *each, last = calls
+    assert [item.split("/")[-1] for item, _d, _t in each] == [p.name for p in result.segments]
+    total = last[2]
+    assert last == ("folded", total, total) and total > 0
+    assert [d for _i, d, _t in each] == sorted(d for _i, d, _t in each)

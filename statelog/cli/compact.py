@@ -27,6 +27,7 @@ from .output import (
     EXIT_UNRECOVERABLE,
     fmt_bytes,
     print_json,
+    progress,
     size_arg,
 )
 
@@ -92,14 +93,16 @@ def run(args: argparse.Namespace) -> int:
     if not quiet:
         print(f"compact: one pass over {args.store}", file=sys.stderr)
     try:
-        result = compact(
-            args.store,
-            min_tail_bytes=args.min_tail_bytes,
-            min_tail_records=args.min_tail_records,
-            retain=args.retain,
-            level=args.level,
-            stop=lambda: stop[0],
-        )
+        with progress("compact", quiet=quiet) as bar:
+            result = compact(
+                args.store,
+                min_tail_bytes=args.min_tail_bytes,
+                min_tail_records=args.min_tail_records,
+                retain=args.retain,
+                level=args.level,
+                stop=lambda: stop[0],
+                progress=bar,
+            )
     finally:
         signal.signal(signal.SIGINT, before)
     if not quiet:
