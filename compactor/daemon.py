@@ -15,14 +15,20 @@ Life of the daemon, in order:
    compactor: say so and exit 3 (locks already taken are released).
 4. Passes: :func:`compactor.fold.compact` on each store in turn, then sleep
    ``--interval`` seconds. A pass that fails is logged at ERROR and retried
-   at the next interval (``--once``: exit 1 after the pass).
+   at the next interval (``--once``: exit 1 after the pass). With
+   ``--remote URL`` a pass is ship, compact, ship (:func:`statelog.remote.ship`):
+   shipping first means local retention never deletes a segment the remote
+   lacks; a ship that fails fails the pass before it compacts. A store
+   fenced by a takeover (:class:`~statelog.errors.FencedError`) stops the
+   daemon: exit 4.
 5. On SIGTERM or SIGINT: abandon the fold in progress at its next
    checkpoint (a snapshot already being written is finished: it is atomic),
    skip retention, remove the scratch space, release every lock, exit 0.
 
 Exit codes: 0 done or stopped by a signal; 1 a pass failed or a store is
 missing (``--once``), or an unexpected error; 2 bad options; 3 a store is
-locked by another compactor.
+locked by another compactor; 4 a store was taken over by another host
+(fenced) while shipping to ``--remote``.
 """
 
 from __future__ import annotations
@@ -37,11 +43,13 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import start_http_server
+from prometheus_client.registry import Collector
 
 from statelog import metrics
-from statelog.errors import CompactorLockedError, StatelogError, StoreNotFoundError
+from statelog.errors import CompactorLockedError, FencedError, StatelogError, StoreNotFoundError
 from statelog.fileio import FileLayer
 from statelog.layout import StoreLayout
 
@@ -49,7 +57,18 @@ from .fold import compact
 from .lock import CompactorLock
 from .logfmt import LOGGER, KeyValueFormatter, kv
 
-__all__ = ["EXIT_BAD_OPTIONS", "EXIT_FAILED", "EXIT_LOCKED", "EXIT_OK", "build_parser", "main"]
+if TYPE_CHECKING:
+    from statelog.remote import RemoteClient
+
+__all__ = [
+    "EXIT_BAD_OPTIONS",
+    "EXIT_FAILED",
+    "EXIT_FENCED",
+    "EXIT_LOCKED",
+    "EXIT_OK",
+    "build_parser",
+    "main",
+]
 
 log = logging.getLogger(LOGGER)
 
@@ -57,6 +76,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_OPTIONS = 2
 EXIT_LOCKED = 3
+EXIT_FENCED = 4
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 _UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30}
 _UNITS["gib"] = 1 << 30
@@ -67,10 +87,14 @@ exit status:
   1  a pass failed (--once), a store is missing (--once), or an unexpected error
   2  bad options, or the --metrics-port cannot be bound (in use, bad address)
   3  a store is already being compacted by another compactor (its pid is named)
+  4  --remote: a store was taken over by another host (fenced); stop this daemon
 
 Every line on stderr is `ts=... level=... event=... store=... key=value`.
 With --metrics-port, GET http://ADDR:PORT/metrics serves the statelog_*
-Prometheus series (docs/metrics.md) for as long as the daemon runs.
+Prometheus series (docs/metrics.md) for as long as the daemon runs; with
+--remote too, the shipping lag (statelog_remote_lag_bytes|seconds|epochs).
+With --remote URL each pass ships, compacts and ships again (docs/remote.md);
+the AWS_* environment configures the connection.
 The daemon reads only sealed segments and snapshots; the writer keeps running.
 """
 
@@ -138,6 +162,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", type=_bounded(1, int), default=3, help="zstd level, 1-22 (3)")
     p.add_argument("--once", action="store_true", help="one pass over every store, then exit")
     p.add_argument(
+        "--remote",
+        default=None,
+        metavar="URL",
+        help="ship sealed segments and snapshots to s3://bucket/prefix before and after each "
+        "pass (default: off)",
+    )
+    p.add_argument(
+        "--remote-retain",
+        type=_bounded(1, int),
+        default=None,
+        metavar="N",
+        help="with --remote: keep this many snapshots on the remote, and the segments they "
+        "need (default: keep everything)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=_port,
         default=None,
@@ -183,6 +222,16 @@ def main(argv: Sequence[str] | None = None, *, files: FileLayer | None = None) -
     args = build_parser().parse_args(argv)
     if args.level > 22:
         build_parser().error(f"--level {args.level}: zstd levels go up to 22")
+    if args.remote_retain is not None and args.remote is None:
+        build_parser().error("--remote-retain needs --remote")
+    client = None
+    if args.remote is not None:
+        from statelog.remote import RemoteClient  # only a remote daemon loads the client
+
+        try:
+            client = RemoteClient.from_url(args.remote)
+        except StatelogError as exc:
+            build_parser().error(f"--remote {args.remote}: {exc.message} (hint: {exc.hint})")
     handler = _setup_logging("DEBUG" if args.verbose else args.log_level)
     before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     locks: dict[Path, CompactorLock] = {}
@@ -190,7 +239,7 @@ def main(argv: Sequence[str] | None = None, *, files: FileLayer | None = None) -
         with _metrics_server(args) as started:
             if not started:
                 return EXIT_BAD_OPTIONS
-            return _run(args, files or FileLayer(), locks)
+            return _run(args, files or FileLayer(), locks, client)
     except Exception as exc:  # a bug: say it on one line, exit non-zero
         log.critical("%s", kv(event="crashed", error=repr(exc)), exc_info=True)
         return EXIT_FAILED
@@ -242,9 +291,12 @@ def _metrics_server(args: argparse.Namespace) -> Iterator[bool]:
         log.info(
             "%s", kv(event="metrics_serving", addr=args.metrics_addr, port=port, path="/metrics")
         )
+        lag = _lag_collector(stores) if args.remote is not None else None
         try:
             yield True
         finally:
+            if lag is not None:
+                metrics.REGISTRY.unregister(lag)
             server.shutdown()
             server.server_close()
             thread.join(timeout=5)
@@ -253,14 +305,30 @@ def _metrics_server(args: argparse.Namespace) -> Iterator[bool]:
             metrics.unwatch(store)
 
 
-def _run(args: argparse.Namespace, files: FileLayer, locks: dict[Path, CompactorLock]) -> int:
+def _lag_collector(stores: list[Path]) -> Collector:
+    """Register the shipping-lag gauges of ``stores`` (unregistered when the server stops)."""
+    from statelog.remote import LagCollector
+
+    # The same ``store`` label as every other per-store series: the resolved path.
+    lag = LagCollector([Path(metrics.store_label(s)) for s in stores])
+    metrics.REGISTRY.register(lag)
+    return lag
+
+
+def _run(
+    args: argparse.Namespace,
+    files: FileLayer,
+    locks: dict[Path, CompactorLock],
+    client: RemoteClient | None,
+) -> int:
     stores: list[Path] = list(dict.fromkeys(Path(os.path.abspath(s)) for s in args.stores))
     log.info(
         "%s",
         kv(
             event="started", pid=os.getpid(), stores=len(stores), interval=args.interval,
             min_tail_bytes=args.min_tail_bytes, min_tail_records=args.min_tail_records,
-            retain=args.retain, once=args.once,
+            retain=args.retain, once=args.once, remote=args.remote,
+            remote_retain=args.remote_retain,
         ),
     )  # fmt: skip
     while True:
@@ -275,8 +343,22 @@ def _run(args: argparse.Namespace, files: FileLayer, locks: dict[Path, Compactor
                 if status != EXIT_OK:
                     failed += 1
                     continue
-            if not _pass(store, args, files, locks[store]):
-                failed += 1
+            try:
+                if not _pass(store, args, files, locks[store], client):
+                    failed += 1
+            except FencedError as exc:
+                log.error(
+                    "%s",
+                    kv(event="fenced", store=store, generation=exc.ours, current=exc.current,
+                       hint=exc.hint),
+                )  # fmt: skip
+                print(
+                    f"statelog-compactor: {store} was taken over by another host (generation "
+                    f"{exc.current}, this store holds {exc.ours}); stop this daemon and the "
+                    "writer here (exiting, status 4)",
+                    file=sys.stderr,
+                )
+                return EXIT_FENCED
         if _stopping():
             break
         if args.once:
@@ -308,9 +390,21 @@ def _acquire(store: Path, files: FileLayer, locks: dict[Path, CompactorLock], *,
     return EXIT_OK
 
 
-def _pass(store: Path, args: argparse.Namespace, files: FileLayer, lock: CompactorLock) -> bool:
-    """One compaction pass over ``store``; False if it failed (logged)."""
+def _pass(
+    store: Path,
+    args: argparse.Namespace,
+    files: FileLayer,
+    lock: CompactorLock,
+    client: RemoteClient | None,
+) -> bool:
+    """One pass over ``store`` (with ``client``: ship, compact, ship); False if it failed.
+
+    :raises FencedError: shipping found the store taken over; nothing was uploaded
+        by the call that found it.
+    """
     try:
+        if client is not None:
+            _ship(store, args, files, client)
         compact(
             store,
             files=files,
@@ -321,6 +415,10 @@ def _pass(store: Path, args: argparse.Namespace, files: FileLayer, lock: Compact
             lock=lock,
             stop=_stopping,
         )
+        if client is not None and not _stopping():
+            _ship(store, args, files, client)
+    except FencedError:
+        raise
     except (StatelogError, OSError) as exc:
         log.error("%s", kv(event="pass_failed", store=store, error=str(exc)))
         return False
@@ -328,3 +426,10 @@ def _pass(store: Path, args: argparse.Namespace, files: FileLayer, lock: Compact
         log.error("%s", kv(event="pass_failed", store=store, error=repr(exc)), exc_info=True)
         return False
     return True
+
+
+def _ship(store: Path, args: argparse.Namespace, files: FileLayer, client: RemoteClient) -> None:
+    """Ship ``store`` to ``--remote`` (the library logs ``event=shipped``)."""
+    from statelog.remote import ship
+
+    ship(store, args.remote, retain=args.remote_retain, client=client, files=files)

@@ -54,6 +54,9 @@ _KNOWN = {
     "AUDIT.head",
     "AUDIT.head.tmp",
     "AUDIT.lock",
+    # The remote tier's shipping record (statelog.remote.record), and its temp file.
+    "remote.json",
+    "remote.json.tmp",
 }
 _KNOWN_PREFIXES = ("AUDIT.log.broken",)
 _KIND = "statelog-store"

@@ -12,6 +12,11 @@ The reader (:mod:`statelog.wal_reader`) reports; this module decides:
   ``strict=True`` raise :class:`~statelog.errors.CorruptionError` instead,
   before anything on disk changes.
 
+A segment whose header names a writer generation (``docs/remote.md``,
+"Fencing") lower than the last non-zero one before it in the log is a
+fenced writer's segment that followed a takeover: corruption at its header
+(offset 0), handled as above. Generation 0 (no remote) is never compared.
+
 A record is applied only after its frame verified and it decoded to the
 next epoch. An ``OSError`` while reading is raised as
 :class:`~statelog.errors.StorageError`: an I/O error is never taken for
@@ -59,6 +64,8 @@ class LogEnd:
     # last LSN -> chain value at the end of each sealed segment replayed: what
     # a snapshot folded up to that LSN must name as its link to the log.
     boundaries: dict[int, int] = field(default_factory=dict)
+    generation: int = 0  # highest writer generation in the headers of the segments kept
+    last_generation: int = 0  # the generation in the header of the last segment kept
 
 
 @dataclass(slots=True)
@@ -129,6 +136,8 @@ def recover_log(
         end.sequence = covered[-1][0] if covered else 0
         segments = [s for s in segments if s[1] > after[0]]
         end.chain = after[1]
+        if covered:
+            end.generation = end.last_generation = _generation_of(covered[-1][2])
         end.boundaries[after[0]] = after[1]
     elif not segments:
         # Creation writes segment 1 before the identity: an identified store
@@ -179,6 +188,17 @@ def recover_log(
     return report, end
 
 
+def _generation_of(path: Path) -> int:
+    """The generation in ``path``'s header, 0 if unreadable: a baseline only, so an
+    unreadable file weakens the check instead of failing a recovery that skips it."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(HEADER_SIZE)
+    except OSError:
+        return 0
+    return SegmentHeader.unpack(head).generation if SegmentHeader.crc_ok(head) else 0
+
+
 def _read(files: FileLayer, path: Path) -> bytes:
     try:
         return files.read(path)
@@ -202,6 +222,11 @@ def _check_and_apply(
             return StopKind.CORRUPT, 0, "header disagrees with the file name"
         if end.sequence and seq != end.sequence + 1:
             return StopKind.CORRUPT, 0, f"segment {end.sequence + 1} is missing"
+        if header.generation and header.generation < end.generation:
+            why = f"generation {header.generation} after {end.generation}: a fenced writer's"
+            return StopKind.CORRUPT, 0, why + " segment"
+        end.generation = max(end.generation, header.generation)
+        end.last_generation = header.generation
     state = prog.state
     for rec in scan.records:
         try:

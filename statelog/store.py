@@ -5,6 +5,11 @@ fsync (by the durability policy), apply to the in-memory overlay, return
 the new epoch. Reads never touch the log. Opening a store runs recovery
 (:mod:`statelog.recovery`), then appends to the verified last segment, or
 starts a new one after a clean close or after corruption.
+
+With ``remote=URL`` (``docs/remote.md``) a missing or empty directory is
+restored first (a takeover), and after recovery the writer claims its
+generation: stamped in each segment header, re-checked at each roll and
+every ``remote_check``.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ import types
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import metrics
 from .errors import (
+    FencedError,
     InvalidCommitError,
     InvalidOptionError,
     ReadOnlyStoreError,
@@ -45,8 +51,19 @@ from .records import CommitRecord, TableDelta, encode_record
 from .state import Key, LiveState
 from .swap import BaseWatcher
 from .transaction import Transaction
-from .validate import ENCODE_ERRORS, check_offsets, check_options, check_watermark, table_delta
-from .wal_writer import WalWriter
+from .validate import (
+    ENCODE_ERRORS,
+    check_offsets,
+    check_options,
+    check_remote_options,
+    check_watermark,
+    table_delta,
+)
+from .wal_writer import FenceWatch, WalWriter
+
+if TYPE_CHECKING:
+    from .recovery import LogEnd
+    from .remote import RemoteClient, RestoreResult
 
 __all__ = ["Durability", "StateStore", "open"]
 
@@ -57,6 +74,7 @@ Puts = Mapping[str, Any] | Mapping[bytes, Any] | Mapping[Key, Any]
 """What ``put=`` accepts: a mapping from str keys, bytes keys, or both (Mapping is invariant)."""
 _EMPTY: Mapping[Any, Any] = types.MappingProxyType({})
 _MiB = 1 << 20
+_CHECK_DEADLINE = timedelta(seconds=5)  # a fence check on the commit path, retries included
 
 
 class StateStore(StoreReads):
@@ -83,6 +101,8 @@ class StateStore(StoreReads):
         compactor_interval: timedelta = timedelta(seconds=30),
         min_tail_bytes: int = 64 * _MiB,
         retain: int = 3,
+        remote: str | None = None,
+        remote_check: timedelta = timedelta(seconds=5),
         file_layer: FileLayer | None = None,
     ) -> None:
         """Open the store at ``path``, creating it (writer) or failing (read-only) if absent.
@@ -105,7 +125,18 @@ class StateStore(StoreReads):
             process) or ``"thread"``; it folds sealed segments every
             ``compactor_interval`` once ``min_tail_bytes`` accumulated, and
             keeps ``retain`` snapshots.
+        :param remote: ``s3://bucket/prefix`` of the store's remote copy
+            (writer only, with ``compactor="none"``; docs/remote.md). A
+            missing or empty ``path`` is restored from it first (a takeover);
+            after recovery the writer claims its generation
+            (:attr:`generation`). Shipping is the daemon's job.
+        :param remote_check: with ``remote``, how often a background thread
+            re-checks that this writer's generation still owns the store
+            (it is also checked before every roll to a new segment).
         :raises StoreLockedError: another writer has the store open.
+        :raises FencedError: ``remote``: another host owns the store.
+        :raises RemoteError: ``remote``: the restore or the claim failed
+            (a restore that failed leaves ``path`` as it was).
         :raises CorruptionError: ``strict`` and the log is damaged.
         :raises FormatVersionError: files of a newer format.
         :raises StorageError: an I/O error while reading or creating files.
@@ -119,6 +150,7 @@ class StateStore(StoreReads):
         check_compactor_options(compactor, compactor_interval, min_tail_bytes, retain)
         if not isinstance(base_refresh, timedelta) or base_refresh <= timedelta(0):
             raise InvalidOptionError(f"base_refresh={base_refresh!r}", hint="a positive timedelta")
+        check_remote_options(remote, remote_check, readonly, compactor)
         metrics.install()  # before recovery, so the recovery's events are counted
         self.path = Path(path)
         self.readonly = readonly
@@ -136,6 +168,12 @@ class StateStore(StoreReads):
         self._compactor: InProcessCompactor | None = None
         self._ro_images: Path | None = None
         self._boundaries: dict[int, int] = {}
+        self._remote = remote
+        self._fence: FenceWatch | None = None
+        self.generation = 0
+        """The remote writer generation this writer holds (0: no ``remote``)."""
+        self.restored: RestoreResult | None = None
+        """What the restore of ``remote=`` did, if this open restored ``path``; else None."""
         if readonly:
             self.store_id = self._layout.read_identity(self._files)
             # Changes nothing in the store: a snapshot image goes to a private
@@ -159,11 +197,17 @@ class StateStore(StoreReads):
             self._wal: WalWriter | None = None
             return
         self._layout.check_can_host()
+        client = None
+        if remote is not None:
+            from .remote import RemoteClient, restore_if_empty  # the remote tier imports us
+
+            client = RemoteClient.from_url(remote)
+            self.restored = restore_if_empty(self.path, remote, client=client)
         self._files.makedirs(self.path)
         self._writer_lock = StoreLock(self.path)
         self._metrics = metrics.bind(self.path)
         try:
-            self._open_writer(strict, segment_bytes, fragment_bytes, group_delay)
+            self._open_writer(strict, segment_bytes, fragment_bytes, group_delay, client)
         except BaseException:
             self._state.base.close()
             self._writer_lock.release()
@@ -179,6 +223,9 @@ class StateStore(StoreReads):
             interval=base_refresh.total_seconds(),
         )
         metrics.watch(self.path)  # close() unwatches, also on the failure below
+        wal = self._wal
+        if wal is not None and wal.fence_check is not None:
+            self._fence = FenceWatch(wal, wal.fence_check, remote_check.total_seconds())
         try:
             self._compactor = start_compactor(
                 compactor, self.path, compactor_interval, min_tail_bytes, retain
@@ -188,7 +235,12 @@ class StateStore(StoreReads):
             raise
 
     def _open_writer(
-        self, strict: bool, segment_bytes: int, fragment_bytes: int, group_delay: timedelta
+        self,
+        strict: bool,
+        segment_bytes: int,
+        fragment_bytes: int,
+        group_delay: timedelta,
+        client: RemoteClient | None,
     ) -> None:
         layout = self._layout
         if layout.identity.exists():
@@ -216,6 +268,8 @@ class StateStore(StoreReads):
             fragment_bytes=fragment_bytes,
         )
         wal.metrics = self._metrics
+        if client is not None:
+            self._claim(wal, end, client)
 
         def on_seal(lsn: int, crc: int) -> None:
             # An empty sealed segment repeats the LSN: the first seal is the link.
@@ -229,8 +283,10 @@ class StateStore(StoreReads):
             else:
                 # Verified (and cut back past any torn tail) by recovery: append to it.
                 wal.adopt(end.unsealed, end.sequence, epoch + 1, end.chain)
-                if end.fresh:
-                    wal.roll()  # after corruption the log goes on in a new segment
+                # After corruption the log goes on in a new segment; and a
+                # header names one writer generation, so a new one rolls too.
+                if end.fresh or end.last_generation != wal.generation:
+                    wal.roll()
         except OSError as exc:
             raise StorageError(f"continuing the log in {layout.wal} failed: {exc}") from exc
         self._wal = wal
@@ -249,6 +305,31 @@ class StateStore(StoreReads):
             len(r.lost_epochs),
             r.seconds,
         )
+
+    def _claim(self, wal: WalWriter, end: LogEnd, client: RemoteClient) -> None:
+        """Claim the writer generation (after recovery, before the first segment is written).
+
+        :raises FencedError: another generation owns the store, or the local
+            log already holds a newer generation than the one claimed.
+        """
+        from .remote import RemoteClient, RetryPolicy, check, claim
+
+        url = self._remote
+        assert url is not None
+        gen = claim(self.path, url, client=client)
+        if gen < end.generation:
+            raise FencedError(
+                f"the log of {self.path} holds segments of a newer writer generation",
+                ours=gen,
+                current=end.generation,
+            )
+        # A commit that rolls waits for this check: a few seconds at most, then
+        # the roll goes ahead (the remote copy stays fenced by shipping's check).
+        quick = RetryPolicy(attempts=3, maximum=timedelta(seconds=1), deadline=_CHECK_DEADLINE)
+        fast = RemoteClient.from_url(url, retry=quick, timeout=_CHECK_DEADLINE)
+        wal.generation = self.generation = gen
+        wal.fence_check = lambda: check(url, self.store_id, gen, client=fast)
+        log.info("store=%s event=remote_claimed url=%s generation=%d", self.path, url, gen)
 
     @staticmethod
     def open(path: str | Path, **options: Any) -> StateStore:
@@ -426,6 +507,8 @@ class StateStore(StoreReads):
             self._compactor.stop()
         if self._watcher is not None:
             self._watcher.stop()
+        if self._fence is not None:
+            self._fence.stop()
         with self._view:
             self._state.base.close()
         self._drop_images()

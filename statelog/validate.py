@@ -22,6 +22,7 @@ __all__ = [
     "check_key",
     "check_offsets",
     "check_options",
+    "check_remote_options",
     "check_watermark",
     "table_delta",
 ]
@@ -202,3 +203,38 @@ def check_options(
             raise InvalidOptionError(f"{name}={value!r}", hint=f"an int from {low} to 2**32-1")
     if fragment > segment:
         raise InvalidOptionError("fragment_bytes is larger than segment_bytes")
+
+
+def check_remote_options(remote: Any, interval: Any, readonly: Any, compactor: Any) -> None:
+    """Validate ``remote=`` and ``remote_check=`` of ``statelog.open`` before any I/O.
+
+    The URL and the AWS_* environment are parsed here too, so a bad one
+    fails before anything is restored, created or contacted.
+
+    :raises InvalidOptionError: ``remote_check`` not a positive timedelta;
+        ``remote`` not a str; ``remote`` with ``readonly=True`` (a read-only
+        open never restores nor claims a store) or with an in-process
+        compactor (it would never ship: the daemon ships).
+    :raises RemoteConfigError: the URL or the environment is unusable.
+    """
+    if not isinstance(interval, timedelta) or interval <= timedelta(0):
+        raise InvalidOptionError(f"remote_check={interval!r}", hint="a positive timedelta")
+    if remote is None:
+        return
+    if not isinstance(remote, str):
+        raise InvalidOptionError(f"remote={remote!r}", hint="an s3://bucket/prefix URL, or None")
+    if readonly is True:
+        raise InvalidOptionError(
+            "remote= cannot be combined with readonly=True",
+            hint="a read-only open never restores nor claims a store: run "
+            "`statelog restore URL STORE` first, then open STORE read-only",
+        )
+    if compactor != "none":
+        raise InvalidOptionError(
+            f"remote= cannot be combined with compactor={compactor!r}",
+            hint="the in-process compactor never ships: run "
+            "`statelog-compactor --remote URL STORE` beside the writer instead",
+        )
+    from .remote.url import parse_remote_url  # not at import: most stores have no remote
+
+    parse_remote_url(remote)

@@ -10,7 +10,7 @@ Grammar (all integers little-endian)::
     segment  := header frame* [seal]
     header   := magic(8) version(u16) header_len(u16) flags(u32)
                 store_id(16) sequence(u64) first_lsn(u64)
-                prev_crc(u32) reserved(8) header_crc(u32)        -- 64 bytes
+                prev_crc(u32) generation(u64) header_crc(u32)    -- 64 bytes
     frame    := crc(u32) length(u32) type(u8) pad(u8) reserved(u16)
                 prev(u32) payload(length) zero(pad)               -- 8-aligned
     seal     := frame of type SEAL, always the last frame of a sealed segment
@@ -21,6 +21,11 @@ or the header's ``prev_crc`` for a segment's first frame: a chain that
 detects a missing, reordered or foreign frame even when each frame is
 intact on its own. Frames start on 8-byte boundaries, so the length field
 (bytes 4..8 of a frame) never straddles a sector and is never torn.
+
+``generation`` is the remote writer generation that wrote the segment
+(``docs/remote.md``, "Fencing"); 0 means none. It sits in bytes that were
+reserved and always zero, so every segment written before it existed reads
+as generation 0, and its bytes are unchanged.
 """
 
 from __future__ import annotations
@@ -59,8 +64,8 @@ VERSION = 1
 HEADER_SIZE = 64
 SEGMENT_SUFFIX = ".wal"
 
-# magic, version, header_len, flags, store_id, sequence, first_lsn, prev_crc, reserved
-_HEADER_BODY = struct.Struct("<8sHHI16sQQI8s")
+# magic, version, header_len, flags, store_id, sequence, first_lsn, prev_crc, generation
+_HEADER_BODY = struct.Struct("<8sHHI16sQQIQ")
 _HEADER_CRC = struct.Struct("<I")
 assert _HEADER_BODY.size + _HEADER_CRC.size == HEADER_SIZE
 
@@ -119,7 +124,11 @@ def pack_frame_header(ftype: FrameType, payload: bytes | memoryview, prev: int) 
 
 @dataclass(frozen=True, slots=True)
 class SegmentHeader:
-    """The 64-byte header that opens every segment."""
+    """The 64-byte header that opens every segment.
+
+    ``generation``: the remote writer generation of the writer that created
+    the segment (bytes 52..59, covered by the header crc); 0: no remote.
+    """
 
     store_id: uuid.UUID
     sequence: int
@@ -127,6 +136,7 @@ class SegmentHeader:
     prev_crc: int
     version: int = VERSION
     flags: int = 0
+    generation: int = 0
 
     def pack(self) -> bytes:
         body = _HEADER_BODY.pack(
@@ -138,15 +148,15 @@ class SegmentHeader:
             self.sequence,
             self.first_lsn,
             self.prev_crc,
-            b"\x00" * 8,
+            self.generation,
         )
         return body + _HEADER_CRC.pack(mask(crc32c.crc32c(body)))
 
     @classmethod
     def unpack(cls, data: bytes | memoryview) -> SegmentHeader:
         """Parse a header whose magic, length and crc the caller has already checked."""
-        _magic, version, _hlen, flags, sid, seq, lsn, prev, _ = _HEADER_BODY.unpack_from(data)
-        return cls(uuid.UUID(bytes=bytes(sid)), seq, lsn, prev, version, flags)
+        _magic, version, _hlen, flags, sid, seq, lsn, prev, gen = _HEADER_BODY.unpack_from(data)
+        return cls(uuid.UUID(bytes=bytes(sid)), seq, lsn, prev, version, flags, gen)
 
     @staticmethod
     def peek_version(data: bytes | memoryview) -> int | None:

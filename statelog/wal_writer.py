@@ -9,6 +9,13 @@ truncated to where it was), so a failed commit is neither visible nor
 replayed. If even the rollback fails the writer is *poisoned*: every later
 append raises :class:`~statelog.errors.StorageError` until the store is
 reopened and recovery has re-read the log.
+
+Fencing (``docs/remote.md``): a writer opened with a remote generation
+stamps it in every segment header it creates, re-checks it before each
+roll (``fence_check``) and every ``remote_check`` interval
+(:class:`FenceWatch`). Once another generation owns the store the writer is
+*fenced*: every later append raises :class:`~statelog.errors.FencedError`;
+records already appended stay, and sealing still works.
 """
 
 from __future__ import annotations
@@ -16,13 +23,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import struct
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import StorageError
+from .errors import FencedError, RemoteError, StorageError
 from .fileio import AppendFile, Buffer, FileLayer
 from .wal_format import (
     SEAL_PAYLOAD,
@@ -36,7 +44,7 @@ from .wal_format import (
 if TYPE_CHECKING:
     from .metrics import StoreMetrics
 
-__all__ = ["WalWriter"]
+__all__ = ["FenceWatch", "WalWriter"]
 
 log = logging.getLogger("statelog.wal")
 
@@ -54,6 +62,7 @@ class WalWriter:
         *,
         segment_bytes: int,
         fragment_bytes: int,
+        generation: int = 0,
     ) -> None:
         self._files = files
         self._dir = wal_dir
@@ -65,6 +74,13 @@ class WalWriter:
         self.last_crc = 0
         self.next_lsn = 1
         self.poisoned: str | None = None
+        self.generation = generation
+        """Stamped in every header this writer creates; 0: no remote generation."""
+        self.fenced: FencedError | None = None
+        """Set once another generation owns the store; appends are refused from then on."""
+        self.fence_check: Callable[[], None] | None = None
+        """Called before each roll: raises FencedError if this generation no longer owns the
+        store (any other RemoteError is logged and the roll goes ahead)."""
         self._roll_pending = False
         self._unsynced = False  # records appended since the last sync the writer made
         self.on_seal: Callable[[int, int], None] | None = None
@@ -89,7 +105,9 @@ class WalWriter:
 
         :raises OSError: the segment could not be created; nothing changed.
         """
-        header = SegmentHeader(self._store_id, sequence, first_lsn, prev_crc)
+        header = SegmentHeader(
+            self._store_id, sequence, first_lsn, prev_crc, generation=self.generation
+        )
         path = self._dir / segment_name(sequence, first_lsn)
         self._files.create_durable(path, header.pack())
         self._file = self._files.open_append(path)
@@ -139,10 +157,14 @@ class WalWriter:
 
         :raises StorageError: the roll, the write or the sync failed. The file
             was cut back to its previous length; the record will not be replayed.
+        :raises FencedError: another writer generation owns the store (found
+            now, before the roll, or earlier); nothing was written.
         """
         self._check_usable()
+        self._check_not_fenced()
         f = self._file
         if f is None or self._roll_pending or f.size >= self._segment_bytes:
+            self._check_fence_before_roll()
             self.roll()
             f = self._file
             assert f is not None
@@ -158,6 +180,40 @@ class WalWriter:
                 hint="close and reopen the store: recovery re-reads the log; the failed "
                 "commit may or may not be there, so check store.epoch before retrying",
             )
+
+    def mark_fenced(self, exc: FencedError) -> None:
+        """Refuse every later append with ``exc``'s generations. Idempotent; thread-safe."""
+        if self.fenced is None:
+            self.fenced = exc
+            log.critical(
+                "event=writer_fenced generation=%d current=%d segment=%s",
+                exc.ours, exc.current, self.active_path.name if self.active_path else "-",
+            )  # fmt: skip
+
+    def _check_not_fenced(self) -> None:
+        gone = self.fenced
+        if gone is not None:
+            # A new exception each time: re-raising one instance would chain tracebacks.
+            raise FencedError(
+                "this writer was fenced: another host took the store over; commit refused",
+                ours=gone.ours,
+                current=gone.current,
+            )
+
+    def _check_fence_before_roll(self) -> None:
+        """Re-check the generation before a new segment opens (a roll is when a segment
+        becomes shippable, so a zombie is stopped there at the latest)."""
+        if self.fence_check is None:
+            return
+        try:
+            self.fence_check()
+        except FencedError as exc:
+            self.mark_fenced(exc)
+            self._check_not_fenced()
+        except RemoteError as exc:
+            # Availability over an early stop: the remote copy stays fenced
+            # anyway, since shipping checks the generation before uploading.
+            log.warning("event=fence_check_failed when=roll error=%r", exc.message)
 
     def _write(self, f: AppendFile, chunks: list[Buffer], *, sync: bool, what: str) -> None:
         """Write (and sync) ``chunks`` at the end of ``f``, or leave ``f`` as it was.
@@ -287,3 +343,39 @@ class WalWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class FenceWatch:
+    """Re-checks a writer's remote generation every ``interval`` seconds, in a daemon thread.
+
+    ``check`` raises :class:`~statelog.errors.FencedError` once another
+    generation owns the store: the writer is then marked fenced and the
+    watch ends. Any other :class:`~statelog.errors.RemoteError` (the object
+    store unreachable) is logged at WARNING and tried again next interval.
+    The thread never touches the log, so it needs no lock of the writer.
+    """
+
+    def __init__(self, writer: WalWriter, check: Callable[[], None], interval: float) -> None:
+        self._writer = writer
+        self._check = check
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="statelog-fence", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval) and self._writer.fenced is None:
+            try:
+                self._check()
+            except FencedError as exc:
+                self._writer.mark_fenced(exc)
+            except RemoteError as exc:
+                log.warning("event=fence_check_failed when=interval error=%r", exc.message)
+            except Exception as exc:  # a bug must not end the checks silently
+                log.error("event=fence_check_failed when=interval error=%r", exc, exc_info=True)
+
+    def stop(self) -> None:
+        """End the thread; waits for a check in flight (bounded by the client's timeouts)."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)

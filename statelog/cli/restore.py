@@ -1,0 +1,152 @@
+"""``statelog restore URL STORE``: rebuild a store from its remote copy; exit 0, 1 or 2.
+
+The work is :func:`statelog.remote.restore` (``docs/remote.md``, "Restore"):
+the newest remote snapshot that verifies and links to the remote log, then
+the segments after it, each verified on download, into a staging directory
+that becomes ``STORE`` only when it recovers to the planned epoch. This
+module prints what it did and maps it to the exit status:
+
+* 0: restored to the last shipped epoch, nothing refused;
+* 1: restored, but the remote copy was damaged: a snapshot was walked past
+  (``rejected``) or a damaged segment stopped the restore early
+  (``lost_epochs``). The store is consistent at the epoch printed;
+* 2: nothing restorable (:class:`~statelog.errors.ResnapshotRequired`), or
+  ``--strict`` and a damaged segment (:class:`RemoteIntegrityError`);
+  ``STORE`` was not created;
+* 3: ``STORE`` is not a new or empty directory, or the URL / the AWS_*
+  environment is unusable (nothing was contacted); the usual codes
+  otherwise (``docs/cli.md``).
+
+``STORE`` is created only by the final rename, so any failure leaves it as
+it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+from pathlib import Path
+from typing import Any
+
+from statelog.errors import ResnapshotRequired
+
+from .output import (
+    EXIT_DAMAGED,
+    EXIT_OK,
+    EXIT_UNRECOVERABLE,
+    EXIT_USAGE,
+    fmt_bytes,
+    print_json,
+    say_error,
+)
+
+__all__ = ["add_parser", "run"]
+
+
+def _store_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a store id (a UUID): {text!r}") from None
+
+
+def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """Register ``restore`` on the subcommand parsers ``sub``."""
+    p = sub.add_parser(
+        "restore",
+        parents=parents,
+        help="rebuild a store from its remote copy (s3://bucket/prefix); exit 0, 1 or 2",
+        description="Download the newest remote snapshot that verifies and the segments after "
+        "it, verifying every object on download and walking back past damage, into STORE "
+        "(a new or empty directory). The connection comes from the AWS_* environment "
+        "(docs/remote.md). Exit 0: restored to the last shipped epoch. 1: restored, but "
+        "the remote copy was damaged (a snapshot rejected or epochs lost); the store is "
+        "consistent at the epoch printed. 2: nothing restorable (or --strict and a damaged "
+        "segment); STORE was not created. 3: STORE is not empty, or a bad URL.",
+    )
+    p.add_argument("url", metavar="URL", help="the remote, s3://bucket/prefix")
+    p.add_argument("store", type=Path, metavar="STORE", help="a new or empty directory")
+    p.add_argument(
+        "--store-id",
+        type=_store_id,
+        default=None,
+        metavar="ID",
+        help="which store under the prefix (default: the only one there)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 2 on a damaged remote segment instead of stopping at the last good epoch",
+    )
+    p.add_argument(
+        "--take-over",
+        action="store_true",
+        help="acquire a new writer generation first (failover): the previous owner is "
+        "fenced and can add nothing after what is restored",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Restore ``args.url`` into ``args.store``, print the result, return its exit status."""
+    from statelog.remote import RemoteConfigError, RemoteIntegrityError, restore
+
+    try:
+        result = restore(
+            args.url,
+            args.store,
+            store_id=args.store_id,
+            strict=args.strict,
+            take_over=args.take_over,
+        )
+    except (ResnapshotRequired, RemoteIntegrityError) as exc:
+        say_error(exc)
+        return EXIT_UNRECOVERABLE
+    except RemoteConfigError as exc:
+        say_error(exc)  # a bad URL or environment is a usage error: nothing was contacted
+        return EXIT_USAGE
+    lost = result.lost_epochs
+    doc: dict[str, Any] = {
+        "store": str(result.dest),
+        "url": args.url,
+        "store_id": str(result.store_id),
+        "generation": result.generation,
+        "taken_over": args.take_over,
+        "epoch": result.epoch,
+        "shipped_epoch": result.shipped_epoch,
+        "snapshot": result.snapshot,
+        "segments": list(result.segments),
+        "rejected": [{"key": k, "reason": why} for k, why in result.rejected],
+        "lost_epochs": [lost.start, lost.stop - 1] if lost else [],
+        "bytes_downloaded": result.bytes_downloaded,
+        "seconds": round(result.seconds, 3),
+    }
+    clean = not result.rejected and not lost
+    if args.json:
+        print_json({**doc, "clean": clean})
+    else:
+        _print(doc, clean)
+    return EXIT_OK if clean else EXIT_DAMAGED
+
+
+def _print(doc: dict[str, Any], clean: bool) -> None:
+    print(f"store      {doc['store']}")
+    print(f"from       {doc['url']} (store id {doc['store_id']})")
+    print(f"epoch      {doc['epoch']} (shipped epoch {doc['shipped_epoch']})")
+    print(f"snapshot   {doc['snapshot'] or 'none (the log from epoch 1)'}")
+    print(f"segments   {len(doc['segments'])}")
+    owner = "taken over by this restore" if doc["taken_over"] else "not taken over"
+    print(f"generation {doc['generation']} when read; {owner}")
+    print(f"read       {fmt_bytes(doc['bytes_downloaded'])} in {doc['seconds']:.2f}s")
+    for r in doc["rejected"]:
+        print(f"REJECTED   {r['key']}: {r['reason']}")
+    if doc["lost_epochs"]:
+        first, last = doc["lost_epochs"]
+        print(f"LOST       epochs {first}..{last} ({last - first + 1} commits)")
+    verdict = (
+        "clean: the last shipped epoch was restored"
+        if clean
+        else "the remote copy is damaged; the store is consistent at the epoch above: "
+        "resume the reconciler from its offsets"
+    )
+    print(f"verdict    {verdict}")
