@@ -348,8 +348,19 @@ class TransactionalSink(ABC):
         """The row of ``output_id``, or None."""
 
     @abstractmethod
+    def _read(self, sql: str, *args: object) -> list[tuple[Any, ...]]:
+        """Rows of a read-only query on the sink's table (``self._q``, quoted)."""
+
+    _q: str
+    """The target table's name, quoted for SQL."""
+
+    def count(self) -> int:
+        """Number of rows in the table."""
+        return int(self._read(f"SELECT count(*) FROM {self._q}")[0][0])
+
     def high_epoch(self) -> int:
         """The highest epoch any row carries (0 for an empty table)."""
+        return int(self._read(f"SELECT coalesce(max(epoch), 0) FROM {self._q}")[0][0])
 
     @abstractmethod
     def close(self) -> None:

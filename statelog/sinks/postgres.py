@@ -176,14 +176,6 @@ class PostgresSink(TransactionalSink):
         )
         return Row(*got[0]) if got else None
 
-    def count(self) -> int:
-        """Number of rows in the table."""
-        return int(self._read(f"SELECT count(*) FROM {self._q}")[0][0])
-
-    def high_epoch(self) -> int:
-        """The highest epoch any row carries (0 for an empty table)."""
-        return int(self._read(f"SELECT coalesce(max(epoch), 0) FROM {self._q}")[0][0])
-
     def close(self) -> None:
         """Close the connection (an open transaction is rolled back by the server)."""
         if not self._closed:
