@@ -2,33 +2,43 @@
 
 Life of the daemon, in order:
 
-1. Parse options; send structured log lines to stderr.
+1. Parse options (:mod:`compactor.options`; bad ones exit 2); send
+   structured log lines to stderr.
 2. Block SIGTERM and SIGINT in the main thread. They stay pending until the
    daemon looks: between stores, between segments of a fold, and while it
    sleeps (``sigtimedwait``, which wakes at once). No handler runs at an
    arbitrary moment, so a stop never lands in the middle of a durable step.
-   With ``--metrics-port``, start the metrics server now: its threads
-   inherit the blocked signals, so a stop still reaches only the main
-   thread. A port that cannot be bound exits 2 before any store is touched.
-3. For each store named: read its identity, then take its
-   ``COMPACTOR.LOCK`` for the daemon's whole life. Held by another
-   compactor: say so and exit 3 (locks already taken are released).
-4. Passes: :func:`compactor.fold.compact` on each store in turn, then sleep
-   ``--interval`` seconds. A pass that fails is logged at ERROR and retried
-   at the next interval (``--once``: exit 1 after the pass). With
-   ``--remote URL`` a pass is ship, compact, ship (:func:`statelog.remote.ship`):
-   shipping first means local retention never deletes a segment the remote
-   lacks; a ship that fails fails the pass before it compacts. A store
-   fenced by a takeover (:class:`~statelog.errors.FencedError`) stops the
-   daemon: exit 4.
-5. On SIGTERM or SIGINT: abandon the fold in progress at its next
+3. The stores: each sharded root named (a directory holding ``SHARDS``) is
+   replaced by its shard directories (:func:`statelog.partition.expand_stores`,
+   which reads only manifests), then duplicates (by absolute path) are
+   dropped. A manifest that cannot be read exits 1 before any store is touched.
+4. With ``--metrics-port``, start the metrics server: its threads inherit
+   the blocked signals, so a stop still reaches only the main thread. A port
+   that cannot be bound exits 2 before any store is touched.
+5. Rounds: for each store, read its identity and take its ``COMPACTOR.LOCK``
+   the first time it is reached (then hold it for the daemon's whole life),
+   and pass it: :func:`compactor.fold.compact`, or with ``--remote URL``
+   ship, compact, ship (:func:`statelog.remote.ship`; shipping first means
+   local retention never deletes a segment the remote lacks, and a ship
+   that fails fails the pass before it compacts). Then sleep ``--interval``
+   seconds. A pass that fails is logged at ERROR and retried next round. A
+   store fenced by a takeover (:class:`~statelog.errors.FencedError`) stops
+   the daemon: exit 4.
+6. A store whose lock another compactor holds is logged (``event=locked``,
+   ERROR) and skipped; the next round tries its lock again, so it is
+   served once the other compactor lets go. Only when every store was
+   locked in the first round does the daemon exit 3. ``--once`` makes one
+   round over every store, then exits: 3 if a store was locked, else 1 if a
+   pass failed or a store is missing, else 0.
+7. On SIGTERM or SIGINT: abandon the fold in progress at its next
    checkpoint (a snapshot already being written is finished: it is atomic),
    skip retention, remove the scratch space, release every lock, exit 0.
 
 Exit codes: 0 done or stopped by a signal; 1 a pass failed or a store is
-missing (``--once``), or an unexpected error; 2 bad options; 3 a store is
-locked by another compactor; 4 a store was taken over by another host
-(fenced) while shipping to ``--remote``.
+missing (``--once``), a shard manifest is unreadable, or an unexpected
+error; 2 bad options; 3 a store is locked by another compactor (``--once``:
+any store; otherwise: every store, at start); 4 a store was taken over by
+another host (fenced) while shipping to ``--remote``.
 """
 
 from __future__ import annotations
@@ -37,10 +47,9 @@ import argparse
 import errno
 import logging
 import os
-import re
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,10 +61,20 @@ from statelog import metrics
 from statelog.errors import CompactorLockedError, FencedError, StatelogError, StoreNotFoundError
 from statelog.fileio import FileLayer
 from statelog.layout import StoreLayout
+from statelog.partition import expand_stores
 
 from .fold import compact
 from .lock import CompactorLock
 from .logfmt import LOGGER, KeyValueFormatter, kv
+from .options import (
+    EXIT_BAD_OPTIONS,
+    EXIT_FAILED,
+    EXIT_FENCED,
+    EXIT_LOCKED,
+    EXIT_OK,
+    build_parser,
+    parse_args,
+)
 
 if TYPE_CHECKING:
     from statelog.remote import RemoteClient
@@ -72,132 +91,7 @@ __all__ = [
 
 log = logging.getLogger(LOGGER)
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_OPTIONS = 2
-EXIT_LOCKED = 3
-EXIT_FENCED = 4
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
-_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30}
-_UNITS["gib"] = 1 << 30
-
-_EPILOG = """\
-exit status:
-  0  --once pass done, or stopped by SIGTERM/SIGINT (graceful: locks released)
-  1  a pass failed (--once), a store is missing (--once), or an unexpected error
-  2  bad options, or the --metrics-port cannot be bound (in use, bad address)
-  3  a store is already being compacted by another compactor (its pid is named)
-  4  --remote: a store was taken over by another host (fenced); stop this daemon
-
-Every line on stderr is `ts=... level=... event=... store=... key=value`.
-With --metrics-port, GET http://ADDR:PORT/metrics serves the statelog_*
-Prometheus series (docs/metrics.md) for as long as the daemon runs; with
---remote too, the shipping lag (statelog_remote_lag_bytes|seconds|epochs).
-With --remote URL each pass ships, compacts and ships again (docs/remote.md);
-the AWS_* environment configures the connection.
-The daemon reads only sealed segments and snapshots; the writer keeps running.
-"""
-
-
-def _size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
-    if m is None or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 67108864, 64MiB, 512k)")
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
-
-
-def _bounded(low: float, kind: type[int] | type[float]) -> Callable[[str], int | float]:
-    def parse(text: str) -> int | float:
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if v < low:
-            raise argparse.ArgumentTypeError(f"{text} is below {low}")
-        return v
-
-    return parse
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text} is not a TCP port (1-65535)")
-    return port
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``statelog-compactor``."""
-    p = argparse.ArgumentParser(
-        prog="statelog-compactor",
-        description="Fold sealed WAL segments of statelog stores into snapshots, "
-        "and apply retention. One compactor per store.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("stores", nargs="+", metavar="STORE", type=Path, help="store directories")
-    p.add_argument(
-        "--interval", type=_bounded(0.001, float), default=30.0, help="seconds between passes (30)"
-    )
-    p.add_argument(
-        "--min-tail-bytes",
-        type=_size,
-        default=64 << 20,
-        help="compact once the sealed tail after the newest snapshot holds this many bytes "
-        "(default 64MiB; 0: off)",
-    )
-    p.add_argument(
-        "--min-tail-records",
-        type=_bounded(0, int),
-        default=0,
-        help="compact once the sealed tail holds this many records (default 0: off); "
-        "a pass compacts when any trigger that is on is reached",
-    )
-    p.add_argument(
-        "--retain", type=_bounded(1, int), default=3, help="verified snapshots to keep (3)"
-    )
-    p.add_argument("--level", type=_bounded(1, int), default=3, help="zstd level, 1-22 (3)")
-    p.add_argument("--once", action="store_true", help="one pass over every store, then exit")
-    p.add_argument(
-        "--remote",
-        default=None,
-        metavar="URL",
-        help="ship sealed segments and snapshots to s3://bucket/prefix before and after each "
-        "pass (default: off)",
-    )
-    p.add_argument(
-        "--remote-retain",
-        type=_bounded(1, int),
-        default=None,
-        metavar="N",
-        help="with --remote: keep this many snapshots on the remote, and the segments they "
-        "need (default: keep everything)",
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=_port,
-        default=None,
-        metavar="PORT",
-        help="serve Prometheus metrics over HTTP on this port (default: off)",
-    )
-    p.add_argument(
-        "--metrics-addr",
-        default="127.0.0.1",
-        metavar="ADDR",
-        help="address the metrics server binds (127.0.0.1; 0.0.0.0 or :: for every interface)",
-    )
-    p.add_argument(
-        "--log-level",
-        default="INFO",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        type=str.upper,
-        help="log level (INFO)",
-    )
-    p.add_argument("-v", "--verbose", action="store_true", help="same as --log-level DEBUG")
-    return p
 
 
 def _stopping() -> bool:
@@ -219,27 +113,18 @@ def main(argv: Sequence[str] | None = None, *, files: FileLayer | None = None) -
     :param files: the file layer every durable step goes through (tests
         substitute one that fails or dies at a chosen step).
     """
-    args = build_parser().parse_args(argv)
-    if args.level > 22:
-        build_parser().error(f"--level {args.level}: zstd levels go up to 22")
-    if args.remote_retain is not None and args.remote is None:
-        build_parser().error("--remote-retain needs --remote")
-    client = None
-    if args.remote is not None:
-        from statelog.remote import RemoteClient  # only a remote daemon loads the client
-
-        try:
-            client = RemoteClient.from_url(args.remote)
-        except StatelogError as exc:
-            build_parser().error(f"--remote {args.remote}: {exc.message} (hint: {exc.hint})")
+    args, client = parse_args(argv)
     handler = _setup_logging("DEBUG" if args.verbose else args.log_level)
     before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     locks: dict[Path, CompactorLock] = {}
     try:
-        with _metrics_server(args) as started:
+        stores = _stores(args.stores)
+        if stores is None:
+            return EXIT_FAILED
+        with _metrics_server(args, stores) as started:
             if not started:
                 return EXIT_BAD_OPTIONS
-            return _run(args, files or FileLayer(), locks, client)
+            return _run(args, stores, files or FileLayer(), locks, client)
     except Exception as exc:  # a bug: say it on one line, exit non-zero
         log.critical("%s", kv(event="crashed", error=repr(exc)), exc_info=True)
         return EXIT_FAILED
@@ -252,17 +137,38 @@ def main(argv: Sequence[str] | None = None, *, files: FileLayer | None = None) -
         logging.getLogger("statelog").removeHandler(handler)
 
 
+def _stores(given: Sequence[Path]) -> list[Path] | None:
+    """The stores to serve: sharded roots expanded to their shards, duplicates dropped.
+
+    None (after logging ``event=shards_unreadable``) when a root's ``SHARDS``
+    cannot be read: its shards are unknown, and serving the other stores
+    would hide that they are never compacted.
+    """
+    found: list[Path] = []
+    for path in given:
+        try:
+            found.extend(expand_stores([path]))
+        except StatelogError as exc:  # damaged, of a newer version, or an I/O error
+            root = os.path.abspath(path)
+            log.error("%s", kv(event="shards_unreadable", store=root, error=str(exc)))
+            return None
+    return list(dict.fromkeys(Path(os.path.abspath(s)) for s in found))
+
+
 @contextmanager
-def _metrics_server(args: argparse.Namespace) -> Iterator[bool]:
+def _metrics_server(args: argparse.Namespace, stores: list[Path] | None = None) -> Iterator[bool]:
     """Serve :data:`statelog.metrics.REGISTRY` while the daemon runs, if ``--metrics-port``.
 
     Called with the stop signals blocked, so the server's threads never
     take a SIGTERM meant for the main thread. Yields False (after saying
     why on stderr) when the port cannot be bound; the server is shut down
     and its socket closed on the way out.
+
+    :param stores: the stores served (default: ``args.stores`` as named).
     """
     metrics.install()
-    stores = [Path(os.path.abspath(s)) for s in args.stores]
+    if stores is None:
+        stores = [Path(os.path.abspath(s)) for s in args.stores]
     for store in stores:
         metrics.watch(store)
     try:
@@ -317,11 +223,12 @@ def _lag_collector(stores: list[Path]) -> Collector:
 
 def _run(
     args: argparse.Namespace,
+    stores: list[Path],
     files: FileLayer,
     locks: dict[Path, CompactorLock],
     client: RemoteClient | None,
 ) -> int:
-    stores: list[Path] = list(dict.fromkeys(Path(os.path.abspath(s)) for s in args.stores))
+    """The rounds of passes (steps 5-6 of the module docstring); returns the exit status."""
     log.info(
         "%s",
         kv(
@@ -331,17 +238,19 @@ def _run(
             remote_retain=args.remote_retain,
         ),
     )  # fmt: skip
+    first = True
     while True:
         failed = 0
+        # Stores another compactor held when this round tried them.
+        locked: dict[Path, CompactorLockedError] = {}
         for store in stores:
             if _stopping():
                 break
             if store not in locks:
-                status = _acquire(store, files, locks, once=args.once)
-                if status == EXIT_LOCKED:
-                    return EXIT_LOCKED
-                if status != EXIT_OK:
+                status = _acquire(store, files, locks, locked, once=args.once)
+                if status == EXIT_FAILED:
                     failed += 1
+                if status != EXIT_OK:
                     continue
             try:
                 if not _pass(store, args, files, locks[store], client):
@@ -362,22 +271,51 @@ def _run(
         if _stopping():
             break
         if args.once:
-            log.info("%s", kv(event="once_done", stores=len(stores), failed=failed))
+            log.info(
+                "%s", kv(event="once_done", stores=len(stores), failed=failed, locked=len(locked))
+            )
+            if locked:
+                _say_locked(locked, everything=len(locked) == len(stores))
+                return EXIT_LOCKED
             return EXIT_FAILED if failed else EXIT_OK
+        if first and len(locked) == len(stores):
+            # Nothing to serve: a daemon waiting on locks it may never get
+            # would look healthy while compacting nothing.
+            _say_locked(locked, everything=True)
+            return EXIT_LOCKED
+        first = False
         if signal.sigtimedwait(STOP_SIGNALS, args.interval) is not None:
             break
     log.info("%s", kv(event="stopped", reason="signal", pid=os.getpid()))
     return EXIT_OK
 
 
-def _acquire(store: Path, files: FileLayer, locks: dict[Path, CompactorLock], *, once: bool) -> int:
-    """Take ``store``'s compactor lock: EXIT_OK, EXIT_LOCKED, or EXIT_FAILED (not a store)."""
+def _say_locked(locked: dict[Path, CompactorLockedError], *, everything: bool) -> None:
+    """The plain lines before exit 3: one per store another compactor holds."""
+    why = "" if everything else "; it was not passed, the other stores were"
+    for exc in locked.values():
+        print(f"statelog-compactor: {exc.message}{why}; exiting (status 3)", file=sys.stderr)
+
+
+def _acquire(
+    store: Path,
+    files: FileLayer,
+    locks: dict[Path, CompactorLock],
+    locked: dict[Path, CompactorLockedError],
+    *,
+    once: bool,
+) -> int:
+    """Take ``store``'s compactor lock into ``locks``.
+
+    :returns: EXIT_OK; EXIT_LOCKED (another compactor holds it: logged, and
+        recorded in ``locked``); or EXIT_FAILED (not a store, or unusable).
+    """
     try:
         StoreLayout(store).read_identity(files)
         locks[store] = CompactorLock(store)
     except CompactorLockedError as exc:
         log.error("%s", kv(event="locked", store=store, pid=exc.pid, hint=exc.hint))
-        print(f"statelog-compactor: {exc.message}; exiting (status 3)", file=sys.stderr)
+        locked[store] = exc
         return EXIT_LOCKED
     except StoreNotFoundError as exc:
         level = logging.ERROR if once else logging.WARNING

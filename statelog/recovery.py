@@ -1,6 +1,8 @@
 """Recovery policy: replay the log into the live state and decide what to do with damage.
 
-The reader (:mod:`statelog.wal_reader`) reports; this module decides:
+The reader (:mod:`statelog.wal_reader`) reports; this module replays and
+decides, and :mod:`statelog.recovery_policy` carries out the action on
+damage (with ``repair=True`` only; a read-only recovery changes nothing):
 
 * clean end: nothing to do;
 * torn tail of the last segment: save the torn bytes to ``<segment>.broken``,
@@ -25,8 +27,6 @@ corruption, and nothing is truncated because of it.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -37,20 +37,13 @@ import msgspec
 from .errors import CorruptionError, ResnapshotRequired, StorageError
 from .fileio import FileLayer
 from .records import decode_record
-from .report import Outcome, RecoveryReport, Rejection
+from .recovery_policy import Progress, aside_path, corruption, torn_tail
+from .report import RecoveryReport
 from .state import LiveState
-from .wal_format import (
-    HEADER_SIZE,
-    SEAL_FRAME_SIZE,
-    FrameType,
-    SegmentHeader,
-    parse_segment_name,
-)
-from .wal_reader import SegmentScan, StopKind, salvage_frames, scan_segment
+from .wal_format import HEADER_SIZE, SegmentHeader, parse_segment_name
+from .wal_reader import SegmentScan, StopKind, scan_segment
 
 __all__ = ["LogEnd", "aside_path", "list_segments", "recover_log"]
-
-log = logging.getLogger("statelog.recovery")
 
 
 @dataclass(slots=True)
@@ -68,17 +61,6 @@ class LogEnd:
     last_generation: int = 0  # the generation in the header of the last segment kept
 
 
-@dataclass(slots=True)
-class _Progress:
-    state: LiveState
-    replayed: int = 0
-    truncated: int = 0
-    outcome: Outcome = Outcome.CLEAN
-    rejected: list[Rejection] = field(default_factory=list)
-    saved: list[Path] = field(default_factory=list)
-    lost: range = range(0)
-
-
 def list_segments(wal_dir: Path) -> list[tuple[int, int, Path]]:
     """``(sequence, first_lsn, path)`` of every segment in ``wal_dir``, in log order."""
     found = []
@@ -87,16 +69,6 @@ def list_segments(wal_dir: Path) -> list[tuple[int, int, Path]]:
         if parsed is not None:
             found.append((parsed[0], parsed[1], p))
     return sorted(found)
-
-
-def aside_path(path: Path, suffix: str) -> Path:
-    """A fresh ``<path><suffix>[.N]`` name for evidence that must not overwrite older evidence."""
-    candidate = path.with_name(path.name + suffix)
-    n = 1
-    while candidate.exists():
-        candidate = path.with_name(f"{path.name}{suffix}.{n}")
-        n += 1
-    return candidate
 
 
 def recover_log(
@@ -128,7 +100,7 @@ def recover_log(
         segments = list_segments(wal_dir)
     except FileNotFoundError:
         segments = []
-    prog = _Progress(state)
+    prog = Progress(state)
     end = LogEnd()
     if after is not None:
         covered = [s for s in segments if s[1] <= after[0]]
@@ -166,12 +138,21 @@ def recover_log(
                 end.boundaries.setdefault(scan.sealed_lsn, scan.end_crc)
             continue
         if kind is StopKind.TORN:
-            _torn(files, scan, data, offset, reason, end, prog, repair=repair)
+            torn_tail(files, scan, data, offset, reason, prog, repair=repair)
         else:
             later = [p for _, _, p in segments[i + 1 :]]
             if strict:
                 raise CorruptionError(path, offset, reason)
-            _corrupt(files, store_id, scan, data, offset, reason, later, end, prog, repair=repair)
+            corruption(files, store_id, scan, data, offset, reason, later, prog, repair=repair)
+            # After corruption the log goes on in a new segment: the writer
+            # seals what is left of this one and rolls (writer_open).
+            end.fresh = repair
+        if repair and scan.header is not None and offset > 0:
+            # The segment kept its header and the frames before the cut: the
+            # writer continues in it. Else it went aside whole, and the writer
+            # continues from the one before.
+            end.sequence = scan.header.sequence
+            end.unsealed = path if scan.sealed_lsn is None else None
         break
     report = RecoveryReport(
         epoch=state.epoch,
@@ -211,7 +192,7 @@ def _read(files: FileLayer, path: Path) -> bytes:
 
 
 def _check_and_apply(
-    scan: SegmentScan, seq: int, lsn: int, end: LogEnd, prog: _Progress
+    scan: SegmentScan, seq: int, lsn: int, end: LogEnd, prog: Progress
 ) -> tuple[StopKind, int, str]:
     """Apply the scan's records in order; return the stop, widened by policy-level checks."""
     header = scan.header
@@ -248,158 +229,3 @@ def _check_and_apply(
         return StopKind.CORRUPT, scan.seal_offset, why
     end.chain = scan.end_crc
     return scan.stop.kind, scan.stop.offset, scan.stop.reason
-
-
-def _torn(
-    files: FileLayer,
-    scan: SegmentScan,
-    data: bytes,
-    offset: int,
-    reason: str,
-    end: LogEnd,
-    prog: _Progress,
-    *,
-    repair: bool,
-) -> None:
-    path = scan.path
-    prog.truncated = scan.size - offset
-    prog.outcome = Outcome.TORN_TAIL
-    prog.rejected.append(Rejection(path, offset, reason))
-    if not repair:
-        # Read-only: an unfinished tail is usually the writer's append in flight.
-        log.debug(
-            "segment=%s event=torn_tail offset=%d bytes=%d", path.name, offset, prog.truncated
-        )
-        return
-    _cut(files, scan, data, offset, ".broken", prog)
-    if scan.header is not None and offset > 0:
-        end.sequence = scan.header.sequence
-        end.unsealed = path if scan.sealed_lsn is None else None
-    log.warning(
-        "segment=%s event=torn_tail_truncated offset=%d bytes=%d reason=%r saved=%s epoch=%d",
-        path.name,
-        offset,
-        prog.truncated,
-        reason,
-        prog.saved[-1].name,
-        prog.state.epoch,
-    )
-
-
-def _cut(
-    files: FileLayer, scan: SegmentScan, data: bytes, offset: int, suffix: str, prog: _Progress
-) -> None:
-    """Save ``data[offset:]`` aside, then cut the segment there (or move it whole).
-
-    Durable order: the copy (temp, fsync, rename, fsync dir) lands before
-    the truncation (ftruncate, fsync), so a crash in between loses nothing:
-    the next recovery finds the same damage and saves it again.
-    """
-    path = scan.path
-    aside = aside_path(path, suffix)
-    try:
-        if offset == 0:
-            files.rename(path, aside)
-            files.fsync_dir(path.parent)
-        else:
-            files.create_durable(aside, memoryview(data)[offset:])
-            files.truncate(path, offset)
-    except OSError as exc:
-        raise StorageError(f"moving damaged bytes of {path} aside failed: {exc}") from exc
-    prog.saved.append(aside)
-
-
-def _corrupt(
-    files: FileLayer,
-    store_id: uuid.UUID,
-    scan: SegmentScan,
-    data: bytes,
-    offset: int,
-    reason: str,
-    later: list[Path],
-    end: LogEnd,
-    prog: _Progress,
-    *,
-    repair: bool,
-) -> None:
-    path = scan.path
-    epoch = prog.state.epoch
-    prog.outcome = Outcome.CORRUPTION
-    prog.rejected.append(Rejection(path, offset, reason))
-    prog.rejected.extend(Rejection(p, None, f"after damage in {path.name}") for p in later)
-    # A damaged region larger than a SEAL frame held at least one commit.
-    floor = epoch + 1 if scan.size - max(offset, HEADER_SIZE) > SEAL_FRAME_SIZE else epoch
-    salvaged = _salvage_epochs(files, store_id, scan, data, offset, later)
-    highest = max((e for e in salvaged if e > epoch), default=floor)
-    prog.lost = range(epoch + 1, max(highest, floor) + 1)
-    lost = f"{prog.lost.start}-{prog.lost.stop - 1}" if prog.lost else "none-found"
-    log.critical(
-        "segment=%s event=corruption offset=%d reason=%r recovered_epoch=%d lost_epochs=%s "
-        "later_segments=%d",
-        path.name,
-        offset,
-        reason,
-        epoch,
-        lost,
-        len(later),
-    )
-    if not repair:
-        return
-    for p in later:
-        aside = aside_path(p, ".corrupt")
-        try:
-            files.rename(p, aside)
-        except OSError as exc:
-            raise StorageError(f"moving {p} aside failed: {exc}") from exc
-        prog.saved.append(aside)
-    if later:
-        files.fsync_dir(path.parent)
-    _cut(files, scan, data, offset, ".corrupt", prog)
-    if scan.header is not None and offset > 0:
-        end.sequence = scan.header.sequence
-        end.unsealed = path if scan.sealed_lsn is None else None
-    end.fresh = True
-    # else the whole segment went aside: the writer continues from the one before.
-
-
-def _salvage_epochs(
-    files: FileLayer,
-    store_id: uuid.UUID,
-    scan: SegmentScan,
-    data: bytes,
-    offset: int,
-    later: list[Path],
-) -> list[int]:
-    """Epochs of this store's commits still intact past the damage: evidence for ``lost_epochs``.
-
-    Frames are taken when they verify on their own, fragments reassembled;
-    nothing found here is ever applied.
-    """
-    sources: list[bytes | memoryview] = []
-    # A segment whose header is unreadable still sits in our wal/ under our
-    # name: its frames count, but only for epochs past the recovered one.
-    if scan.header is None or scan.header.store_id == store_id:
-        sources.append(memoryview(data)[max(offset, HEADER_SIZE) :])
-    for p in later:
-        try:
-            more = files.read(p)
-        except OSError:
-            continue
-        if SegmentHeader.crc_ok(more) and SegmentHeader.unpack(more).store_id == store_id:
-            sources.append(memoryview(more)[HEADER_SIZE:])
-    found: list[int] = []
-    for blob in sources:
-        parts: list[memoryview] = []
-        for _, ftype, payload in salvage_frames(blob, 0):
-            if ftype in (FrameType.FULL, FrameType.FIRST):
-                parts = [payload]
-            elif ftype in (FrameType.MIDDLE, FrameType.LAST) and parts:
-                parts.append(payload)
-            else:
-                parts = []
-                continue
-            if ftype in (FrameType.FULL, FrameType.LAST):
-                with contextlib.suppress(msgspec.DecodeError):
-                    found.append(decode_record(b"".join(parts)).epoch)
-                parts = []
-    return found

@@ -10,6 +10,10 @@ With ``remote=URL`` (``docs/remote.md``) a missing or empty directory is
 restored first (a takeover), and after recovery the writer claims its
 generation: stamped in each segment header, re-checked at each roll and
 every ``remote_check``.
+
+The writer's open sequence is :mod:`statelog.writer_open`; ``flush``,
+``wait_durable`` and ``durable_epoch`` are :mod:`statelog.durability`; the
+reads are :mod:`statelog.reads`. The commit path and ``close`` are here.
 """
 
 from __future__ import annotations
@@ -23,11 +27,11 @@ import types
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from . import metrics
+from .durability import Durability, StoreDurability
 from .errors import (
-    FencedError,
     InvalidCommitError,
     InvalidOptionError,
     ReadOnlyStoreError,
@@ -60,24 +64,22 @@ from .validate import (
     table_delta,
 )
 from .wal_writer import FenceWatch, WalWriter
+from .writer_open import WriterOpen
 
 if TYPE_CHECKING:
-    from .recovery import LogEnd
-    from .remote import RemoteClient, RestoreResult
+    from .remote import RestoreResult
 
 __all__ = ["Durability", "StateStore", "open"]
 
 log = logging.getLogger("statelog.store")
 
-Durability = Literal["commit", "group", "none"]
 Puts = Mapping[str, Any] | Mapping[bytes, Any] | Mapping[Key, Any]
 """What ``put=`` accepts: a mapping from str keys, bytes keys, or both (Mapping is invariant)."""
 _EMPTY: Mapping[Any, Any] = types.MappingProxyType({})
 _MiB = 1 << 20
-_CHECK_DEADLINE = timedelta(seconds=5)  # a fence check on the commit path, retries included
 
 
-class StateStore(StoreReads):
+class StateStore(StoreReads, StoreDurability, WriterOpen):
     """A changelog-backed state store. Create with :func:`statelog.open`.
 
     One writer per store (an exclusive lock); any number of read-only opens.
@@ -162,6 +164,7 @@ class StateStore(StoreReads):
         self._lock = threading.Lock()  # serialises commits and close
         self._view = threading.Lock()  # makes each applied commit visible whole
         self._closed = False
+        self._wal: WalWriter | None = None
         self._writer_lock: StoreLock | None = None
         self._group: GroupCommitter | None = None
         self._watcher: BaseWatcher | None = None
@@ -194,38 +197,10 @@ class StateStore(StoreReads):
                 self._drop_images()
                 raise
             self._synced_epoch = self._state.epoch
-            self._wal: WalWriter | None = None
             return
-        self._layout.check_can_host()
-        client = None
-        if remote is not None:
-            from .remote import RemoteClient, restore_if_empty  # the remote tier imports us
-
-            client = RemoteClient.from_url(remote)
-            self.restored = restore_if_empty(self.path, remote, client=client)
-        self._files.makedirs(self.path)
-        self._writer_lock = StoreLock(self.path)
-        self._metrics = metrics.bind(self.path)
-        try:
-            self._open_writer(strict, segment_bytes, fragment_bytes, group_delay, client)
-        except BaseException:
-            self._state.base.close()
-            self._writer_lock.release()
-            raise
-        self._watcher = BaseWatcher(
-            files=self._files,
-            snapshots=self._layout.snapshots,
-            image_dir=self._layout.base,
-            store_id=self.store_id,
-            state=self._state,
-            view=self._view,
-            boundaries=self._boundaries,
-            interval=base_refresh.total_seconds(),
+        self._open_writer(
+            strict, segment_bytes, fragment_bytes, group_delay, base_refresh, remote_check
         )
-        metrics.watch(self.path)  # close() unwatches, also on the failure below
-        wal = self._wal
-        if wal is not None and wal.fence_check is not None:
-            self._fence = FenceWatch(wal, wal.fence_check, remote_check.total_seconds())
         try:
             self._compactor = start_compactor(
                 compactor, self.path, compactor_interval, min_tail_bytes, retain
@@ -233,103 +208,6 @@ class StateStore(StoreReads):
         except BaseException:
             self.close()
             raise
-
-    def _open_writer(
-        self,
-        strict: bool,
-        segment_bytes: int,
-        fragment_bytes: int,
-        group_delay: timedelta,
-        client: RemoteClient | None,
-    ) -> None:
-        layout = self._layout
-        if layout.identity.exists():
-            self.store_id = layout.read_identity(self._files)
-        else:
-            self.store_id = layout.create(self._files)
-            log.info("store=%s event=store_created store_id=%s", self.path, self.store_id)
-        for p in layout.remove_temp_files(self._files):
-            log.info("store=%s event=temp_removed file=%s", self.path, p.name)
-        self.recovery, end = recover_store(
-            self._files,
-            layout,
-            self.store_id,
-            self._state,
-            image_dir=layout.base,
-            repair=True,
-            strict=strict,
-        )
-        self._boundaries.update(end.boundaries)
-        wal = WalWriter(
-            self._files,
-            layout.wal,
-            self.store_id,
-            segment_bytes=segment_bytes,
-            fragment_bytes=fragment_bytes,
-        )
-        wal.metrics = self._metrics
-        if client is not None:
-            self._claim(wal, end, client)
-
-        def on_seal(lsn: int, crc: int) -> None:
-            # An empty sealed segment repeats the LSN: the first seal is the link.
-            self._boundaries.setdefault(lsn, crc)
-
-        wal.on_seal = on_seal
-        epoch = self._state.epoch
-        try:
-            if end.unsealed is None:
-                wal.start_segment(end.sequence + 1, epoch + 1, end.chain)
-            else:
-                # Verified (and cut back past any torn tail) by recovery: append to it.
-                wal.adopt(end.unsealed, end.sequence, epoch + 1, end.chain)
-                # After corruption the log goes on in a new segment; and a
-                # header names one writer generation, so a new one rolls too.
-                if end.fresh or end.last_generation != wal.generation:
-                    wal.roll()
-        except OSError as exc:
-            raise StorageError(f"continuing the log in {layout.wal} failed: {exc}") from exc
-        self._wal = wal
-        self._synced_epoch = epoch
-        if self._durability == "group":
-            self._group = GroupCommitter(self._group_sync, group_delay.total_seconds(), epoch)
-        r = self.recovery
-        log.info(
-            "store=%s event=recovered epoch=%d outcome=%s replayed=%d truncated_bytes=%d "
-            "lost_epochs=%d seconds=%.3f",
-            self.path,
-            r.epoch,
-            r.outcome,
-            r.replayed,
-            r.truncated_bytes,
-            len(r.lost_epochs),
-            r.seconds,
-        )
-
-    def _claim(self, wal: WalWriter, end: LogEnd, client: RemoteClient) -> None:
-        """Claim the writer generation (after recovery, before the first segment is written).
-
-        :raises FencedError: another generation owns the store, or the local
-            log already holds a newer generation than the one claimed.
-        """
-        from .remote import RemoteClient, RetryPolicy, check, claim
-
-        url = self._remote
-        assert url is not None
-        gen = claim(self.path, url, client=client)
-        if gen < end.generation:
-            raise FencedError(
-                f"the log of {self.path} holds segments of a newer writer generation",
-                ours=gen,
-                current=end.generation,
-            )
-        # A commit that rolls waits for this check: a few seconds at most, then
-        # the roll goes ahead (the remote copy stays fenced by shipping's check).
-        quick = RetryPolicy(attempts=3, maximum=timedelta(seconds=1), deadline=_CHECK_DEADLINE)
-        fast = RemoteClient.from_url(url, retry=quick, timeout=_CHECK_DEADLINE)
-        wal.generation = self.generation = gen
-        wal.fence_check = lambda: check(url, self.store_id, gen, client=fast)
-        log.info("store=%s event=remote_claimed url=%s generation=%d", self.path, url, gen)
 
     @staticmethod
     def open(path: str | Path, **options: Any) -> StateStore:
@@ -427,59 +305,6 @@ class StateStore(StoreReads):
         m.commits.inc()
         m.commit_seconds.observe(time.perf_counter() - started)
         return epoch
-
-    def _group_sync(self) -> None:
-        with self._lock:
-            f = self._wal.active_file if self._wal is not None else None
-            handle = f.dup() if f is not None and not f.closed else None
-        if handle is None:
-            if self._wal is not None and self._wal.poisoned:
-                raise StorageError(f"the log writer failed: {self._wal.poisoned}")
-            return  # rolled or closed: sealing synced it
-        try:
-            synced = time.perf_counter()
-            handle.sync()
-            self._metrics.fsync_seconds.observe(time.perf_counter() - synced)
-        except OSError as exc:
-            raise StorageError(
-                f"group sync of {handle.path.name} failed: {exc}", errno=exc.errno
-            ) from exc
-        finally:
-            handle.close()
-
-    def flush(self) -> None:
-        """Make every commit so far durable now (a no-op with ``durability="commit"``).
-
-        :raises StorageError: the sync failed.
-        """
-        if self._group is not None:
-            if not self._group.flush_now():
-                assert self._group.failure is not None
-                raise self._group.failure
-        elif self._durability == "none" and self._wal is not None:
-            with self._lock:
-                if not self._closed:  # close() sealed, and so synced, what it could
-                    self._wal.sync()
-                    self._synced_epoch = self._state.epoch
-
-    def wait_durable(self, epoch: int, timeout: timedelta | float | None = None) -> bool:
-        """Block until commit ``epoch`` is durable; False if ``timeout`` passed first.
-
-        :raises StorageError: a background sync failed before ``epoch`` was durable.
-        """
-        if self._group is None:
-            if self._durability == "none":
-                self.flush()
-            return epoch <= self._state.epoch
-        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        return self._group.wait(epoch, secs)
-
-    @property
-    def durable_epoch(self) -> int:
-        """The highest epoch known to be synced to disk (for a read-only store: its epoch)."""
-        if self._group is not None:
-            return self._group.durable
-        return self._synced_epoch
 
     def _check_writable(self) -> None:
         if self._closed:
