@@ -3,9 +3,14 @@
 A segment is folded only if everything about it checks out, in this order:
 the reader's verdict (header, store id, the chain from the fold's current
 value through every frame to the SEAL, nothing after the seal), the header
-against the file name, its first LSN against the fold's epoch, then every
-record: it decodes, its epoch is the next one, each table delta has as many
-values as keys; and the SEAL names the last record's LSN. Only then is the
+against the file name, its first LSN against the fold's epoch, the writer
+generation in the header (rule H5 of ``docs/format.md``, as recovery
+applies it: not below the highest non-zero generation before it, counting
+from the last segment the base snapshot covers), then every record: it
+decodes, its epoch is the next one, each table delta has as many values
+as keys; and the SEAL names the last record's LSN. A zombie's segment (a
+fenced writer's, after a takeover) is therefore damage, and never folded
+into a snapshot that recovery would then trust. Only then is the
 segment applied, in one LMDB transaction (:meth:`ImageBuilder.apply_batch`):
 each record's table deltas in order, deletes before puts within a delta,
 offsets merged, the watermark taken from the last record.
@@ -23,7 +28,7 @@ from statelog.fileio import FileLayer
 from statelog.records import decode_record
 from statelog.wal_reader import SegmentScan, StopKind, scan_segment
 
-from .tail import SegmentInfo
+from .tail import SegmentInfo, covered_generation
 
 __all__ = ["Folding", "check_scan", "fold_segment"]
 
@@ -43,6 +48,9 @@ class Folding:
     good_offsets: dict[str, int] = field(default_factory=dict)
     good_wm: int = 0
     bytes_read: int = 0
+    # The highest non-zero writer generation in the headers so far; None until
+    # the first segment, when it starts from the last segment the base covers.
+    generation: int | None = None
 
     def __post_init__(self) -> None:
         self.good_epoch, self.good_chain = self.epoch, self.chain
@@ -67,6 +75,8 @@ def fold_segment(
     :raises OSError: reading failed (an I/O error is never taken for damage).
     :raises FormatVersionError: a segment of a newer format.
     """
+    if fold.generation is None:
+        fold.generation = covered_generation(seg.path.parent, fold.epoch)
     data = files.read(seg.path)
     fold.bytes_read += len(data)
     scan = scan_segment(seg.path, data, store_id=store_id, prev_crc=fold.chain, is_last=False)
@@ -76,7 +86,7 @@ def fold_segment(
         return ""
     deltas: list[Delta] = []
     epoch, offsets, wm = fold.epoch, dict(fold.offsets), fold.wm
-    why = check_scan(scan, seg, epoch)
+    why = check_scan(scan, seg, epoch, fold.generation)
     if why is None:
         for rec in scan.records:
             try:
@@ -100,6 +110,8 @@ def fold_segment(
     builder.apply_batch(deltas)
     fold.epoch, fold.chain, fold.offsets, fold.wm = epoch, scan.end_crc, offsets, wm
     fold.segments.append(seg)
+    if scan.header is not None:
+        fold.generation = max(fold.generation, scan.header.generation)
     if scan.records:  # an empty sealed segment is folded, but never the snapshot's last
         fold.good_count = len(fold.segments)
         fold.good_epoch, fold.good_chain = epoch, scan.end_crc
@@ -107,8 +119,11 @@ def fold_segment(
     return None
 
 
-def check_scan(scan: SegmentScan, seg: SegmentInfo, epoch: int) -> str | None:
-    """Why ``scan`` cannot be folded after ``epoch``, or None."""
+def check_scan(scan: SegmentScan, seg: SegmentInfo, epoch: int, generation: int = 0) -> str | None:
+    """Why ``scan`` cannot be folded after ``epoch``, or None.
+
+    :param generation: the highest non-zero writer generation before it (rule H5).
+    """
     header = scan.header
     if scan.stop.kind is not StopKind.CLEAN:
         return f"{scan.stop.kind.value} at offset {scan.stop.offset}: {scan.stop.reason}"
@@ -116,6 +131,11 @@ def check_scan(scan: SegmentScan, seg: SegmentInfo, epoch: int) -> str | None:
         return "no header"
     if (header.sequence, header.first_lsn) != (seg.sequence, seg.first_lsn):
         return "the header disagrees with the file name"
+    if header.generation and header.generation < generation:
+        return (
+            f"offset 0: generation {header.generation} after {generation}: "
+            "a fenced writer's segment"
+        )
     if header.first_lsn != epoch + 1:
         return f"starts at LSN {header.first_lsn}, the fold is at {epoch}"
     if scan.sealed_lsn is None:

@@ -32,7 +32,15 @@ from statelog.wal_format import (
 )
 from statelog.wal_reader import peek_seal
 
-__all__ = ["SegmentInfo", "Tail", "find_link", "list_segment_infos", "peek_seal", "sealed_tail"]
+__all__ = [
+    "SegmentInfo",
+    "Tail",
+    "covered_generation",
+    "find_link",
+    "list_segment_infos",
+    "peek_seal",
+    "sealed_tail",
+]
 
 # Re-exported: the compactor's planning peeks at seals exactly as recovery does.
 
@@ -107,6 +115,31 @@ def read_header(path: Path) -> SegmentHeader | None:
     return SegmentHeader.unpack(data)
 
 
+def covered_generation(wal_dir: Path, lsn: int) -> int:
+    """The writer generation in the header of the last segment of ``wal_dir`` starting at or
+    before ``lsn``: the baseline of rule H5 for a fold from a snapshot at ``lsn``.
+
+    Exactly as recovery takes it: the last segment the snapshot covers, if
+    still present; 0 if there is none, or its header is gone or does not
+    verify (a baseline only: an unreadable file weakens the check, never
+    fails it).
+
+    :raises OSError: ``wal_dir`` cannot be listed, or a header cannot be read.
+    """
+    return _generation_before(list_segment_infos(wal_dir), lsn)
+
+
+def _generation_before(segments: Sequence[SegmentInfo], lsn: int) -> int:
+    covered = [s for s in segments if s.first_lsn <= lsn]
+    if not covered:
+        return 0
+    try:
+        header = read_header(covered[-1].path)
+    except FileNotFoundError:
+        return 0
+    return header.generation if header is not None else 0
+
+
 def find_link(
     segments: Sequence[SegmentInfo], lsn: int, chain: int, store_id: uuid.UUID
 ) -> int | None:
@@ -118,6 +151,13 @@ def find_link(
     and closed without committing leaves a sealed segment with no record,
     and the next one starts at the same LSN, chained to that seal.
 
+    None if that segment is a fenced writer's (rule H5 of ``docs/format.md``:
+    its header names a generation below the one of the last segment of
+    ``segments`` starting at or before ``lsn``): recovery cuts the log
+    there, so it does not continue in it. Retention then deletes nothing
+    after the snapshot, which keeps the segment that names the higher
+    generation, the evidence every later check needs.
+
     :raises OSError: reading a header failed.
     """
     for i, seg in enumerate(segments):
@@ -128,7 +168,8 @@ def find_link(
         except FileNotFoundError:
             continue
         if header is not None and header.store_id == store_id and header.prev_crc == chain:
-            return i
+            floor = _generation_before(segments, lsn)
+            return None if header.generation and header.generation < floor else i
     return None
 
 

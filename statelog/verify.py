@@ -19,7 +19,10 @@ Order of steps: read ``IDENTITY``; pin every snapshot and segment listed
 mid-read; skipped when the store's file system refuses the pin file);
 re-hash each snapshot, newest first, and check that it links to the log;
 scan each segment in log order (header, every frame's checksum, the chain
-across frames and across segments, fragments, record epochs, the seal);
+across frames and across segments, fragments, record epochs, the seal,
+and the writer generation: rule H5 of ``docs/format.md``, a generation
+below the highest non-zero one before it in the log is a fenced writer's
+segment, damage at its header, as recovery judges it);
 run the read-only recovery ladder; release the pin. Nothing in the store
 is written except the transient pin file, which is removed at the end.
 
@@ -210,8 +213,13 @@ class _Expect:
 
 
 def _scan_log(run: _Run, segs: list[tuple[int, int, Path]]) -> Iterator[SegmentCheck]:
-    """Scan every segment in log order, past damage too, checking links across segments."""
+    """Scan every segment in log order, past damage too, checking links across segments.
+
+    Rule H5 runs over the whole log present, segments covered by a snapshot
+    included: a zombie's segment that a compactor folded is still named.
+    """
     expect: _Expect | None = None
+    highest = 0  # the highest non-zero writer generation named by a header so far
     for i, (seq, lsn, path) in enumerate(segs):
         data = run.read(path)
         if data is None:
@@ -230,7 +238,9 @@ def _scan_log(run: _Run, segs: list[tuple[int, int, Path]]) -> Iterator[SegmentC
         scan = scan_segment(
             path, data, store_id=run.store_id, prev_crc=chain, is_last=i == len(segs) - 1
         )
-        kind, offset, reason, count = _judge(scan, seq, lsn)
+        kind, offset, reason, count = _judge(scan, seq, lsn, highest)
+        if scan.header is not None:
+            highest = max(highest, scan.header.generation)
         last = lsn - 1 + count
         sealed = scan.sealed_lsn is not None
         if kind is StopKind.CLEAN:
@@ -243,9 +253,10 @@ def _scan_log(run: _Run, segs: list[tuple[int, int, Path]]) -> Iterator[SegmentC
         yield SegmentCheck(path, seq, lsn, len(data), count, last, sealed, status, offset, reason)
 
 
-def _judge(scan: SegmentScan, seq: int, lsn: int) -> tuple[StopKind, int, str, int]:
+def _judge(scan: SegmentScan, seq: int, lsn: int, highest: int) -> tuple[StopKind, int, str, int]:
     """The stop of ``scan``, widened by the checks recovery makes above the frame level.
 
+    :param highest: the highest non-zero generation in the headers before it (rule H5).
     Returns ``(kind, offset, reason, records that verified and decoded in order)``.
     """
     header = scan.header
@@ -253,6 +264,9 @@ def _judge(scan: SegmentScan, seq: int, lsn: int) -> tuple[StopKind, int, str, i
         return scan.stop.kind, 0, scan.stop.reason, 0
     if header is not None and (header.sequence, header.first_lsn) != (seq, lsn):
         return StopKind.CORRUPT, 0, "header disagrees with the file name", 0
+    if header is not None and header.generation and header.generation < highest:
+        why = f"generation {header.generation} after {highest}: a fenced writer's segment"
+        return StopKind.CORRUPT, 0, why, 0
     count = 0
     for rec in scan.records:
         try:

@@ -37,6 +37,7 @@ def _no_global_listener() -> Any:
     yield
     audit.install()
 
+
 N = 5
 
 # -- helpers that build trails and damage them ---------------------------------------------

@@ -13,6 +13,7 @@ import os
 import re
 import select
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import pytest
 
 import statelog
@@ -30,6 +32,7 @@ from statelog.ladder import check_link
 from statelog.pins import pin
 from statelog.recovery import list_segments
 from statelog.snapshot import list_snapshots, verify_snapshot
+from statelog.wal_format import mask
 from tests.compactor_stream import (
     assert_snapshot_is_model,
     commit,
@@ -458,3 +461,71 @@ def test_progress_reports_every_segment_folded_and_the_end(store_path: Path) -> 
     total = last[2]
     assert last == ("folded", total, total) and total > 0
     assert [d for _i, d, _t in each] == sorted(d for _i, d, _t in each)
+
+
+# -- rule H5: a fenced writer's segment is never folded -------------------------
+#
+# | zombie's segment                         | expected                                   |
+# |------------------------------------------|--------------------------------------------|
+# | after a higher generation in the tail    | fold stops before it; retention keeps the  |
+# |                                          | higher-generation segment; next pass skips |
+# | after the base snapshot's last segment   | nothing folded; that segment kept          |
+# | recovery moved it aside                  | the writer's new segments fold again       |
+
+
+def stamp(seg: Path, generation: int) -> None:
+    """Write the writer generation into header bytes 52..59 (docs/format.md) and fix its crc."""
+    data = bytearray(seg.read_bytes())
+    struct.pack_into("<Q", data, 52, generation)
+    struct.pack_into("<I", data, 60, mask(crc32c.crc32c(bytes(data[:60]))))
+    seg.write_bytes(bytes(data))
+
+
+def test_zombie_segment_stops_the_fold_and_survives_retention(
+    store_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with statelog.open(store_path, segment_bytes=SEG) as s:
+        commits(s, 1, 150)
+    segs = segments(store_path)
+    stamp(segs[1], 2)
+    stamp(segs[2], 1)  # written by the fenced generation after the takeover
+    r = compact(store_path, retain=1)
+    assert r.segments == tuple(segs[:2]) and r.damaged == (segs[2],)
+    assert r.epochs[-1] == first_lsn(segs[2]) - 1
+    assert_snapshot_is_model(snap_of(r), tmp_path / "x")
+    assert any("fenced writer" in m for m in events(caplog, "segment_damaged"))
+    assert r.deleted == ()  # segs[1] names generation 2: recovery's evidence stays
+    again = compact(store_path, retain=1)
+    assert again.skipped == "damaged" and again.deleted == () and segs[1].exists()
+    with statelog.open(store_path, segment_bytes=SEG) as s:  # recovery sets the zombie aside
+        assert s.epoch == first_lsn(segs[2]) - 1
+        commits(s, s.epoch + 1, s.epoch + 60)
+        epoch = s.epoch
+    r = compact(store_path, retain=1)
+    assert r.epochs[-1] == epoch and r.damaged == ()
+    assert_snapshot_is_model(snap_of(r), tmp_path / "y")
+
+
+def test_zombie_segment_right_after_the_base_snapshot_is_not_folded(
+    store_path: Path, tmp_path: Path
+) -> None:
+    with statelog.open(store_path, segment_bytes=SEG) as s:
+        commits(s, 1, 150)
+    assert compact(store_path, retain=1).snapshot is not None
+    (covered,) = segments(store_path)  # retention kept the last segment the snapshot covers
+    stamp(covered, 2)
+    with statelog.open(store_path, segment_bytes=SEG) as s:
+        commits(s, 151, 250)
+    zombie = segments(store_path)[1]
+    stamp(zombie, 1)
+    r = compact(store_path, retain=1)
+    assert r.skipped == "damaged" and r.damaged == (zombie,) and r.deleted == ()
+    assert covered.exists()
+    with statelog.open(store_path, readonly=True) as ro:  # recovery agrees: cut at the zombie
+        assert ro.epoch == 150 and (
+            ro.recovery.rejected[0].path,
+            ro.recovery.rejected[0].offset,
+        ) == (
+            zombie,
+            0,
+        )

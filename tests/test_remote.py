@@ -12,6 +12,8 @@
 | server down for a moment       | retried with backoff, the ship completes         |
 | server down for good           | RemoteUnavailableError after the retries         |
 | destination not empty          | NotAStoreError before any request                |
+| remote.json updated at once    | serialised: no update lost, never torn           |
+|   by the writer and the daemon |                                                  |
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 import statelog
@@ -263,3 +266,38 @@ def test_restore_into_non_empty_directory_is_refused(tmp_path: Path, remote: Rem
     with pytest.raises(NotAStoreError):
         restore(remote.url, dst, client=remote.client())
     assert sorted(p.name for p in dst.iterdir()) == ["precious"]
+
+
+def test_concurrent_record_updates_are_serialised(tmp_path: Path) -> None:
+    from statelog.remote.record import Shipped, ShipRecord, load_record, update_record
+
+    store = tmp_path / "s"
+    commit_range(store, 0, 3)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(6)
+
+    def add(who: int) -> None:
+        barrier.wait()
+        for i in range(25):
+            entry = Shipped(f"k{who}-{i}", "0" * 64, i, i)
+
+            def change(
+                cur: ShipRecord | None, name: str = f"wal/{who}-{i}", entry: Shipped = entry
+            ) -> ShipRecord:
+                base = cur or ShipRecord(url="s3://b/p", store_id="x")
+                return msgspec.structs.replace(base, files={**base.files, name: entry})
+
+            try:
+                update_record(store, change)
+            except BaseException as exc:  # collected for the assertion
+                errors.append(exc)
+
+    threads = [threading.Thread(target=add, args=(w,)) for w in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    rec = load_record(store)
+    assert rec is not None and len(rec.files) == 6 * 25  # no read-modify-write lost another's
+    assert not (store / "remote.json.tmp").exists()

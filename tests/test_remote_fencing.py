@@ -8,13 +8,23 @@
 | two takeovers at the same moment     | distinct generations, the last owns it        |
 | one ships while the other takes over | the zombie ends fenced; restore = winner      |
 | copy of unknown provenance claims    | FencedError (ours=0)                          |
+| local copy taken over, old-generation | adopted: shipped as the new generation,      |
+|   segments sealed but unshipped      |   restore elsewhere reaches their last epoch  |
+| old generation's segment created     | FencedError, nothing uploaded                 |
+|   after the takeover (a zombie's)    |                                               |
+| old generation after a higher one in | FencedError (rule H5), nothing uploaded       |
+|   the adopted range                  |                                               |
+| first claim and first ship race      | both hold generation 1, neither fenced        |
+| remote.json deleted after the claim  | the same directory joins generation 1 again   |
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import struct
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -32,9 +42,11 @@ from statelog.remote import (
     ship,
     take_over,
 )
+from statelog.remote.record import load_record
 from statelog.remote.ship import header_generation
 from tests.s3server import Remote, remote, s3  # noqa: F401
-from tests.test_remote import commit_range, state_of
+from tests.test_remote import SEG, commit_range, state_of
+from tests.test_remote_wiring import generation, stamp, wal
 
 
 def sid_of(store: Path):  # type: ignore[no-untyped-def]
@@ -196,3 +208,142 @@ def test_copy_of_unknown_provenance_cannot_claim(tmp_path: Path, remote: Remote)
     assert take_over(copy, remote.url, client=remote.client()) == 2
     with pytest.raises(FencedError):
         claim(a, remote.url, client=remote.client())
+
+
+# -- a takeover adopts the local history its predecessor left unshipped --------
+
+
+@pytest.fixture
+def env(remote: Remote, monkeypatch: pytest.MonkeyPatch) -> Remote:  # noqa: F811
+    """``remote`` with its connection in the environment, for ``statelog.open(remote=)``."""
+    for k, v in remote.server.env().items():
+        monkeypatch.setenv(k, v)
+    return remote
+
+
+def unshipped_old_generation(tmp_path: Path, remote: Remote) -> tuple[Path, list[Path]]:  # noqa: F811
+    """Store A written as generation 1, partly shipped; returns A and its unshipped segments."""
+    a = tmp_path / "a"
+    with statelog.open(a, remote=remote.url, segment_bytes=SEG) as st:
+        assert st.generation == 1
+        for i in range(0, 250):
+            st.commit(offsets={"orders-0": i}, low_watermark_ms=1_000 + i, put={f"k{i % 60}": i})
+            if i == 100:
+                ship(a, remote.url, client=remote.client())
+    shipped = set(load_record(a).files)  # type: ignore[union-attr]
+    left = [p for p in wal(a) if f"wal/{p.name}" not in shipped]
+    assert len(left) >= 3 and all(generation(p) == 1 for p in left)
+    return a, left
+
+
+def test_takeover_adopts_unshipped_segments_of_the_old_generation(
+    tmp_path: Path,
+    env: Remote,
+) -> None:
+    a, left = unshipped_old_generation(tmp_path, env)
+    assert take_over(a, env.url, client=env.client()) == 2
+    res = ship(a, env.url, client=env.client())
+    assert res.generation == 2 and res.last_epoch == 250
+    assert {e.name for e in res.entries if e.kind == "wal"} == {p.name for p in left}
+    assert all(e.key.split("/")[2] == "00000002" for e in res.entries)  # the new prefix
+    with statelog.open(a, remote=env.url, segment_bytes=SEG) as st:  # goes on as 2
+        assert st.generation == 2
+        st.commit(offsets={"orders-0": 250}, low_watermark_ms=9_000, put={"x": 1})
+    assert ship(a, env.url, client=env.client()).last_epoch == 251
+    want = state_of(a)
+    shutil.rmtree(a)
+    got = restore(env.url, tmp_path / "c", client=env.client())
+    assert got.epoch == got.shipped_epoch == 251
+    assert state_of(tmp_path / "c") == want
+
+
+@pytest.mark.parametrize("where", ["created after the takeover", "after a higher generation"])
+def test_old_generation_segment_a_takeover_did_not_adopt_is_refused(
+    tmp_path: Path, env: Remote, where: str
+) -> None:
+    a, left = unshipped_old_generation(tmp_path, env)
+    if where == "after a higher generation":  # both in wal/ at the takeover: recovery cuts left[1]
+        stamp(left[0], 2)
+    assert take_over(a, env.url, client=env.client()) == 2
+    if where == "created after the takeover":
+        commit_range(a, 250, 330)  # as a writer of generation 1 still running would
+        zombie = wal(a)[-1]
+        stamp(zombie, 1)
+    keys = env.object_keys()
+    with pytest.raises(FencedError) as err:
+        ship(a, env.url, client=env.client())
+    assert err.value.ours == 1
+    assert env.object_keys() == keys  # what the call uploaded was removed again
+    assert not any("/wal/00000002/" in k for k in keys)
+
+
+# -- the first manifest: the writer's claim and the daemon's first ship race --
+
+
+def test_first_claim_and_first_ship_race_to_the_same_generation(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Repeated with the two sides started at staggered moments across the race window."""
+    caplog.set_level(logging.INFO, logger="statelog.remote")
+    for n in range(24):
+        store = tmp_path / f"s{n}"
+        commit_range(store, 0, 3)
+        out: dict[str, object] = {}
+        barrier = threading.Barrier(2)
+
+        def side(
+            name: str,
+            delay: float,
+            store: Path = store,
+            out: dict[str, object] = out,
+            barrier: threading.Barrier = barrier,
+        ) -> None:
+            client = remote.client()
+            barrier.wait()
+            time.sleep(delay)
+            try:
+                if name == "claim":
+                    out[name] = claim(store, remote.url, client=client)
+                else:
+                    out[name] = ship(store, remote.url, client=client).generation
+            except Exception as exc:  # the test reports whatever went wrong
+                out[name] = exc
+
+        lag = (n % 6) * 0.004
+        ts = [
+            threading.Thread(target=side, args=("claim", lag if n % 2 else 0.0)),
+            threading.Thread(target=side, args=("ship", 0.0 if n % 2 else lag)),
+        ]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert out == {"claim": 1, "ship": 1}, f"round {n}: {out}"
+        # Neither side was fenced: both go on as generation 1.
+        assert claim(store, remote.url, client=remote.client()) == 1
+        assert ship(store, remote.url, client=remote.client()).generation == 1
+        rec = load_record(store)
+        assert rec is not None and rec.generation == 1
+    # The race was real: in some rounds both sides tried to create the manifest.
+    assert any("event=generation_joined" in r.getMessage() for r in caplog.records)
+
+
+def test_deleted_record_rejoins_generation_1_of_the_same_directory(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    a = tmp_path / "a"
+    commit_range(a, 0, 30)
+    assert claim(a, remote.url, client=remote.client()) == 1
+    (a / "remote.json").unlink()  # docs/remote.md: costs only re-checking
+    assert claim(a, remote.url, client=remote.client()) == 1
+    (a / "remote.json").unlink()
+    assert ship(a, remote.url, client=remote.client()).generation == 1
+    copy = tmp_path / "copy"
+    shutil.copytree(a, copy)
+    (copy / "remote.json").unlink()
+    with pytest.raises(FencedError) as err:  # a copy is another directory
+        ship(copy, remote.url, client=remote.client())
+    assert err.value.ours == 0

@@ -9,6 +9,8 @@
 | every snapshot damaged, early log gone | unrecoverable | every snapshot, the first segment |
 | a middle segment deleted               | recoverable   | the segment after the gap         |
 | IDENTITY damaged                       | unrecoverable | IDENTITY                          |
+| zombie's segments after a takeover     | recoverable   | each, at its header, rule H5      |
+| zombie's segment a snapshot folded     | recoverable   | the segment, at its header        |
 | not a store                            | StoreNotFoundError, nothing created               |
 
 Each store is built once per module (:func:`build_stores`, shared with
@@ -20,13 +22,16 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import struct
 from pathlib import Path
 
+import crc32c
 import pytest
 
 import statelog
 from compactor import compact
 from statelog.verify import Verdict, verify_store
+from statelog.wal_format import mask
 from tests.helpers import flip_bit, frames, segments, truncate
 
 SEG = 4096  # the smallest segment: a few dozen commits each
@@ -209,3 +214,49 @@ def test_to_dict_names_files_and_verdict(stores: dict[str, Path]) -> None:
     assert doc["verdict"] == "recoverable"
     assert doc["findings"][0]["file"].endswith(".snap")
     assert doc["recovery"]["snapshot"].endswith(snapshot_files(stores["snapshot"])[0].name)
+
+
+def stamp(seg: Path, generation: int) -> None:
+    """Write the writer generation into header bytes 52..59 (docs/format.md) and fix its crc."""
+    data = bytearray(seg.read_bytes())
+    struct.pack_into("<Q", data, 52, generation)
+    struct.pack_into("<I", data, 60, mask(crc32c.crc32c(bytes(data[:60]))))
+    seg.write_bytes(bytes(data))
+
+
+def first_lsn(seg: Path) -> int:
+    return int(seg.name[17:33], 16)
+
+
+def test_zombie_segments_after_a_takeover_are_named_at_their_headers(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    _commits(store, 1, 200)
+    segs = segments(store)
+    stamp(segs[1], 2)
+    stamp(segs[2], 1)  # a fenced writer's segments, after the takeover
+    stamp(segs[3], 1)
+    verdict, found = verified(store)
+    assert verdict is Verdict.RECOVERABLE
+    assert (segs[2].name, 0, "segment") in found and (segs[3].name, 0, "segment") in found
+    report = verify_store(store)
+    assert [s.status for s in report.segments[1:4]] == ["ok", "corrupt", "corrupt"]
+    assert "generation 1 after 2" in (report.segments[2].reason or "")
+    assert report.recovery is not None and report.recovery.epoch == first_lsn(segs[2]) - 1
+
+
+def test_zombie_segment_folded_into_a_snapshot_is_named(tmp_path: Path) -> None:
+    """Recovery starts after the snapshot and does not cut it: verify still must not say clean."""
+    store = tmp_path / "s"
+    _commits(store, 1, 200)
+    kept = {p.name: p.read_bytes() for p in segments(store)}
+    assert compact(store, retain=5).snapshot is not None  # as a compactor before rule H5 did
+    for name, data in kept.items():  # retention deleted what the snapshot covers: back
+        (store / "wal" / name).write_bytes(data)
+    segs = segments(store)
+    stamp(segs[1], 2)
+    stamp(segs[2], 1)
+    verdict, found = verified(store)
+    assert verdict is Verdict.RECOVERABLE
+    assert found == [(segs[2].name, 0, "segment")]
+    report = verify_store(store)
+    assert report.recovery is not None and report.recovery.epoch == 200  # the snapshot's

@@ -8,12 +8,18 @@ For ``statelog.open(path, remote=URL)``, in this order:
    after the state restored;
 2. the local open (recovery) as usual;
 3. :func:`claim` after it: this host must own the store's writer
-   generation. A store it restored, or one never shipped, acquires a new
-   generation (a takeover: the previous owner is fenced from then on); a
-   store that already holds a generation checks it is still current and
-   raises :class:`~statelog.errors.FencedError` if another host took over.
+   generation. A store never shipped creates generation 1, or joins the
+   generation 1 that the compactor daemon's first ship of the same
+   directory created at the same moment (:func:`.manifest.create_first`);
+   a restored store acquires a new generation (a takeover: the previous
+   owner is fenced from then on); a store that already holds a generation
+   checks it is still current and raises
+   :class:`~statelog.errors.FencedError` if another host took over.
 
-:func:`take_over` is the explicit form of the takeover for an operator.
+:func:`take_over` is the explicit form of the takeover for an operator. It
+records in ``remote.json`` the last segment present in ``wal/``: the
+segments up to it that an older generation wrote are the history the new
+generation adopted, and shipping takes them (:mod:`.ship`).
 """
 
 from __future__ import annotations
@@ -25,14 +31,15 @@ import msgspec
 
 from statelog.errors import FencedError
 from statelog.fileio import FileLayer
-from statelog.layout import StoreLayout
+from statelog.layout import WAL_DIR, StoreLayout
+from statelog.recovery import list_segments
 
 from .client import RemoteClient
 from .errors import RemoteNotFoundError
 from .manifest import acquire as _acquire
 from .manifest import check as _check
-from .manifest import read_manifest
-from .record import ShipRecord, load_record, save_record
+from .manifest import create_first, created_by, read_manifest
+from .record import ShipRecord, load_record, origin_of, update_record
 from .restore import RestoreResult, find_store, restore
 
 __all__ = ["acquire", "check", "claim", "restore_if_empty", "take_over"]
@@ -90,45 +97,84 @@ def take_over(
 ) -> int:
     """Acquire a new writer generation for ``store`` and record it in ``remote.json``.
 
-    Durable order: the manifest's conditional write first, then the record
-    (temp, fsync, rename, fsync dir). A crash between them leaves this host
-    without the generation it bumped: it takes over again, harmlessly.
+    Durable order: the manifest's conditional write first (from then on
+    every older generation is fenced), then the record (temp, fsync, rename,
+    fsync dir), which also notes the highest segment sequence in ``wal/``
+    at that moment (``adopted_through``): the sealed segments up to it are
+    this directory's history, which the new generation adopts and ships,
+    whatever generation their headers name. Run it with the old writer of
+    this directory stopped (``claim`` does, under the writer's lock). A
+    crash between the two writes leaves this host without the generation
+    it bumped: it takes over again, harmlessly.
 
     :returns: the generation now owned.
     :raises RemoteError: the manifest could not be written.
+    :raises OSError: ``IDENTITY``, ``wal/`` or ``remote.json`` could not be read or written.
     """
     files = files or FileLayer()
     store = Path(store)
     sid = StoreLayout(store).read_identity(files)
     client = client or RemoteClient.from_url(url)
-    gen = _acquire(client, sid)
-    rec = load_record(store, files) or ShipRecord(url=url, store_id=str(sid))
-    save_record(store, msgspec.structs.replace(rec, url=url, generation=gen), files)
+    gen = _acquire(client, sid, origin=origin_of(store))
+    try:
+        through = max((seq for seq, _, _ in list_segments(store / WAL_DIR)), default=0)
+    except FileNotFoundError:
+        through = 0
+
+    def record(cur: ShipRecord | None) -> ShipRecord:
+        base = cur or ShipRecord(url=url, store_id=str(sid))
+        return msgspec.structs.replace(base, url=url, generation=gen, adopted_through=through)
+
+    update_record(store, record, files)
     return gen
 
 
 def claim(store: Path, url: str, *, client: RemoteClient | None = None) -> int:
     """Make sure this host owns ``store``'s writer generation; return it.
 
+    A store holding a generation checks that it is current. A store never
+    shipped from here (no ``remote.json``) creates generation 1, or joins
+    it if the manifest is still the generation 1 that this same directory
+    created (the daemon's first ship, racing this claim, or a record
+    deleted since). A restored store (a record without a generation)
+    takes the store over.
+
     :raises FencedError: the store holds a generation that is no longer
-        current, or the remote has a manifest for a copy this host never
-        restored nor shipped (``ours`` is 0 then).
+        current, or the remote has a manifest that this directory did not
+        create (a copy of the store; ``ours`` is 0 then).
     :raises RemoteError: the object store could not be reached.
+    :raises OSError: ``remote.json`` could not be written.
     """
     store = Path(store)
     client = client or RemoteClient.from_url(url)
     rec = load_record(store)
+    sid = StoreLayout(store).read_identity(FileLayer())
     if rec is not None and rec.generation:
-        _check(client, StoreLayout(store).read_identity(FileLayer()), rec.generation)
+        _check(client, sid, rec.generation)
         return rec.generation
-    if rec is None:
-        cur = read_manifest(client, StoreLayout(store).read_identity(FileLayer()))
-        if cur is not None:
-            raise FencedError(
-                f"{store} was never shipped from this host, but {url} holds its manifest",
-                ours=0,
-                current=cur.manifest.generation,
-                hint="restore the store from the remote into an empty directory, or take it "
-                "over explicitly if this copy is the one to keep",
-            )
-    return take_over(store, url, client=client)
+    if rec is not None:
+        return take_over(store, url, client=client)
+    origin = origin_of(store)
+    cur = read_manifest(client, sid)
+    if cur is None:
+        gen = create_first(client, sid, origin)
+    elif created_by(cur.manifest, origin):
+        gen = 1
+    else:
+        raise FencedError(
+            f"{store} was never shipped from this host, but {url} holds its manifest",
+            ours=0,
+            current=cur.manifest.generation,
+            hint="restore the store from the remote into an empty directory, or take it "
+            "over explicitly if this copy is the one to keep",
+        )
+
+    def record(cur: ShipRecord | None) -> ShipRecord:
+        base = cur or ShipRecord(url=url, store_id=str(sid))
+        # A ship of this directory may have recorded the same generation meanwhile.
+        return msgspec.structs.replace(base, url=url, generation=base.generation or gen)
+
+    held = update_record(store, record).generation
+    if held != gen:  # a takeover of this directory was recorded meanwhile: it must be current
+        _check(client, sid, held)
+    return held

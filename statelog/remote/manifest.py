@@ -7,6 +7,11 @@ the same version. Its ``generation`` is the writer that owns the store:
 
 * :func:`acquire` bumps it (a takeover): every writer that read an older
   version loses its next conditional write;
+* :func:`create_first` creates generation 1 of a store never shipped, and
+  is idempotent for one store directory: the writer's claim and the
+  daemon's first ship may both call it at once, and both end holding
+  generation 1 (the manifest names the directory that created it,
+  ``origin``); a copy of the directory is refused;
 * :func:`commit` (used by shipping and retention) first checks that the
   generation read is the caller's; if not it raises
   :class:`~statelog.errors.FencedError` and writes nothing.
@@ -51,6 +56,8 @@ __all__ = [
     "acquire",
     "check",
     "commit",
+    "create_first",
+    "created_by",
     "read_manifest",
 ]
 
@@ -90,6 +97,7 @@ class Manifest(msgspec.Struct, frozen=True):
     identity_sha256: str = ""
     objects: tuple[Entry, ...] = ()
     garbage: tuple[str, ...] = ()  # keys dropped from the index, deleted once unpinned
+    origin: str = ""  # the store directory that created generation 1 (record.origin_of)
 
     def encode(self) -> bytes:
         body = msgspec.json.encode(self)
@@ -154,13 +162,15 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def acquire(client: RemoteClient, store_id: uuid.UUID) -> int:
+def acquire(client: RemoteClient, store_id: uuid.UUID, *, origin: str = "") -> int:
     """Take the store over: create the manifest at generation 1, or bump its generation.
 
     One conditional write per round (If-None-Match to create, If-Match to
     bump); a refused round re-reads and tries again. After this returns
     ``g``, every writer holding a generation below ``g`` is fenced.
 
+    :param origin: the directory taking over (:func:`.record.origin_of`),
+        recorded if this call creates the manifest.
     :returns: the new generation, owned by the caller.
     :raises RemoteError: the manifest stayed busy for every round.
     """
@@ -169,7 +179,7 @@ def acquire(client: RemoteClient, store_id: uuid.UUID) -> int:
         cur = read_manifest(client, store_id)
         write_id = secrets.token_hex(12)
         if cur is None:
-            new = Manifest(FORMAT, str(store_id), 1, _who(), write_id, _now_ms())
+            new = Manifest(FORMAT, str(store_id), 1, _who(), write_id, _now_ms(), origin=origin)
             try:
                 client.put_new(keys.manifest, new.encode())
                 gen = 1
@@ -197,6 +207,54 @@ def acquire(client: RemoteClient, store_id: uuid.UUID) -> int:
     raise RemoteError(f"{keys.manifest}: still changing after {_ROUNDS} takeover attempts")
 
 
+def created_by(m: Manifest, origin: str) -> bool:
+    """Whether ``m`` is still the generation 1 that the directory ``origin`` created."""
+    return bool(origin) and m.generation == 1 and m.origin == origin
+
+
+def create_first(client: RemoteClient, store_id: uuid.UUID, origin: str) -> int:
+    """Create generation 1 of a store never shipped, or join the one its own directory created.
+
+    One conditional create (If-None-Match). If it is refused, the manifest
+    is read back: our own write (a retry whose first attempt landed), or a
+    generation 1 created from the same directory (``origin``: the writer's
+    claim and the daemon's first ship racing), is accepted as is; the two
+    callers then hold the same generation and neither fences the other.
+    Anything else means another copy of the store got there first.
+
+    :param origin: this store directory (:func:`.record.origin_of`); never empty.
+    :returns: 1, the generation the caller now holds.
+    :raises FencedError: the manifest exists and was not created from this
+        directory, or was taken over since (``ours`` is 0).
+    :raises RemoteError: the object store could not be reached.
+    """
+    keys = StoreKeys(store_id)
+    for _ in range(_ROUNDS):
+        write_id = secrets.token_hex(12)
+        new = Manifest(FORMAT, str(store_id), 1, _who(), write_id, _now_ms(), origin=origin)
+        try:
+            client.put_new(keys.manifest, new.encode())
+        except ConditionFailedError:
+            cur = read_manifest(client, store_id)
+            if cur is None:
+                continue  # removed again meanwhile: create it once more
+            m = cur.manifest
+            if m.write_id != write_id and not created_by(m, origin):
+                raise FencedError(
+                    f"store {store_id} at {client.where} has a manifest this directory did "
+                    "not create",
+                    ours=0,
+                    current=m.generation,
+                    hint="restore the store from the remote into an empty directory, or take "
+                    "it over explicitly if this copy is the one to keep",
+                ) from None
+            log.info("event=generation_joined store_id=%s generation=1", store_id)
+            return 1
+        log.warning("event=generation_acquired store_id=%s generation=1", store_id)
+        return 1
+    raise RemoteError(f"{keys.manifest}: created and removed again {_ROUNDS} times")
+
+
 def _landed(client: RemoteClient, store_id: uuid.UUID, write_id: str) -> bool:
     cur = read_manifest(client, store_id)
     return cur is not None and cur.manifest.write_id == write_id
@@ -212,7 +270,7 @@ def check(client: RemoteClient, store_id: uuid.UUID, generation: int) -> Version
     if cur is None:
         raise RemoteNotFoundError(
             f"no MANIFEST for store {store_id} at {client.where}",
-            hint="ship the store once (the first ship acquires generation 1) or acquire it",
+            hint="ship the store once (the first ship creates generation 1) or acquire it",
         )
     if cur.manifest.generation != generation:
         raise FencedError(

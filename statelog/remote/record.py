@@ -8,19 +8,36 @@ re-checking: a file shipped before is found in the manifest with the same
 hash and adopted, never uploaded twice.
 
 Written whole each time through ``FileLayer.create_durable``: temp file,
-fsync, rename, fsync of the store directory.
+fsync, rename, fsync of the store directory. The writer (its claim) and the
+compactor daemon (its ship) may both change the record at once: every
+change is a read-modify-write under an exclusive ``flock`` of the store
+directory itself (:func:`update_record`), so neither loses the other's
+change nor writes ``remote.json.tmp`` while the other does.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
 
 from statelog.errors import CorruptionError
 from statelog.fileio import FileLayer
+from statelog.layout import IDENTITY
 
-__all__ = ["RECORD", "ShipRecord", "Shipped", "load_record", "save_record"]
+__all__ = [
+    "RECORD",
+    "ShipRecord",
+    "Shipped",
+    "load_record",
+    "origin_of",
+    "save_record",
+    "update_record",
+]
 
 RECORD = "remote.json"
 
@@ -43,6 +60,10 @@ class ShipRecord(msgspec.Struct, frozen=True):
     last_epoch: int = 0  # the manifest's last_epoch after our last commit
     last_ship_ms: int = 0
     files: dict[str, Shipped] = msgspec.field(default_factory=dict)
+    # The highest segment sequence in wal/ when this directory took ``generation``
+    # over: segments up to it that name an older generation are the history the
+    # takeover adopted, and ship under ``generation`` (docs/remote.md).
+    adopted_through: int = 0
 
 
 def load_record(store: Path, files: FileLayer | None = None) -> ShipRecord | None:
@@ -73,3 +94,49 @@ def save_record(store: Path, record: ShipRecord, files: FileLayer | None = None)
     :raises OSError: a step failed; the previous record is still in place.
     """
     (files or FileLayer()).create_durable(store / RECORD, msgspec.json.encode(record))
+
+
+def update_record(
+    store: Path,
+    change: Callable[[ShipRecord | None], ShipRecord],
+    files: FileLayer | None = None,
+) -> ShipRecord:
+    """Read the record, apply ``change`` and save the result, holding the store's record lock.
+
+    The lock is an exclusive ``flock`` on the store directory (no extra
+    file), held only for the read, the change and the durable save, so two
+    processes updating the record are serialised and neither overwrites a
+    change it did not read.
+
+    :returns: the record saved.
+    :raises CorruptionError: the current record does not decode.
+    :raises OSError: locking, reading or saving failed; the previous record is still in place.
+    """
+    with _locked(store):
+        new = change(load_record(store, files))
+        save_record(store, new, files)
+    return new
+
+
+@contextlib.contextmanager
+def _locked(store: Path) -> Iterator[None]:
+    fd = os.open(store, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the flock
+
+
+def origin_of(store: Path) -> str:
+    """A token naming this store directory, the same for every process that opens it.
+
+    Device, inode and change time of ``IDENTITY``: the writer and the daemon
+    of one directory see the same file; a copy of the directory (``cp``,
+    ``rsync``, a backup restored) has a new inode and change time, so it is
+    never taken for the original.
+
+    :raises OSError: ``IDENTITY`` cannot be examined.
+    """
+    st = os.stat(store / IDENTITY)
+    return f"{st.st_dev:x}:{st.st_ino:x}:{st.st_ctime_ns:x}"

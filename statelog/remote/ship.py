@@ -4,8 +4,10 @@ One call (:func:`ship`), in this order:
 
 1. read ``IDENTITY`` and ``remote.json``; read the MANIFEST and check that
    this store's generation owns it (the first ship of a store with no
-   manifest acquires generation 1); a stale generation is
-   :class:`~statelog.errors.FencedError` before anything is uploaded;
+   manifest creates generation 1, or joins the generation 1 that the
+   writer's claim of the same directory created: :func:`.manifest.create_first`);
+   a stale generation is :class:`~statelog.errors.FencedError` before
+   anything is uploaded;
 2. upload ``IDENTITY`` once, then each sealed segment in log order, then
    each snapshot oldest first. Every file is verified whole before it is
    read for upload (the segment scan, the snapshot hash): damage is never
@@ -16,11 +18,21 @@ One call (:func:`ship`), in this order:
    until it lands they are invisible to restore. If it is refused because
    the store was taken over, this call deletes what it uploaded and raises
    FencedError;
-4. ``remote.json`` is replaced durably (temp, fsync, rename, fsync dir);
+4. ``remote.json`` is updated durably under its lock (temp, fsync, rename,
+   fsync dir: :func:`.record.update_record`);
 5. optionally, remote retention (:mod:`.retention`).
 
 The writer's active segment (the last one, unsealed) is never shipped.
 Every step is safe to repeat after a crash or an error.
+
+A segment whose header names a generation below the one shipping
+(:func:`header_generation`) is one of two things. If its sequence is at
+most ``adopted_through`` in ``remote.json`` it was in ``wal/`` when this
+directory took the store over: history the new generation adopted, shipped
+under its keys like any other. Otherwise an older writer created it after
+the takeover: a zombie's segment, refused with FencedError. So is one that
+follows a segment of a higher generation in the log (rule H5 of
+``docs/format.md``: recovery cuts it too).
 """
 
 from __future__ import annotations
@@ -41,14 +53,14 @@ from statelog.fileio import FileLayer
 from statelog.layout import IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
 from statelog.recovery import list_segments
 from statelog.snapshot import list_snapshots, verify_snapshot
-from statelog.wal_format import HEADER_SIZE
+from statelog.wal_format import HEADER_SIZE, SegmentHeader
 from statelog.wal_reader import StopKind, peek_seal, scan_segment
 
 from .client import RemoteClient
 from .errors import ObjectExistsError, RemoteNotFoundError
-from .manifest import Entry, Manifest, acquire, commit, read_manifest
+from .manifest import Entry, Manifest, commit, create_first, created_by, read_manifest
 from .plan import plan_restore
-from .record import Shipped, ShipRecord, load_record, save_record
+from .record import Shipped, ShipRecord, load_record, origin_of, update_record
 from .retention import RemoteRetentionResult, apply_remote_retention
 from .url import StoreKeys
 
@@ -82,21 +94,26 @@ def header_generation(header: bytes) -> int:
 
 
 def _owner(
-    client: RemoteClient, sid: uuid.UUID, rec: ShipRecord, generation: int | None
+    client: RemoteClient, store: Path, sid: uuid.UUID, rec: ShipRecord, generation: int | None
 ) -> tuple[int, Manifest]:
     """The generation this call ships as, and the manifest it checked against."""
     gen = generation if generation is not None else rec.generation
     cur = read_manifest(client, sid)
-    if cur is None:
-        if gen:
-            raise RemoteNotFoundError(
-                f"store {sid} holds generation {gen} but {client.where} has no MANIFEST for it",
-                hint="the remote copy was removed; take the store over again to re-ship it",
-            )
-        gen = acquire(client, sid)
-        cur = read_manifest(client, sid)
+    if not gen:
+        # Never shipped from here: create generation 1, or join the one this
+        # directory's writer created (its claim may be racing this call).
         if cur is None:
-            raise RemoteError(f"the MANIFEST of {sid} vanished right after it was created")
+            gen = create_first(client, sid, origin_of(store))
+            cur = read_manifest(client, sid)
+        elif created_by(cur.manifest, origin_of(store)):
+            gen = 1
+    elif cur is None:
+        raise RemoteNotFoundError(
+            f"store {sid} holds generation {gen} but {client.where} has no MANIFEST for it",
+            hint="the remote copy was removed; take the store over again to re-ship it",
+        )
+    if cur is None:
+        raise RemoteError(f"the MANIFEST of {sid} vanished right after it was created")
     if cur.manifest.generation != gen:
         raise FencedError(
             f"store {sid} at {client.where} belongs to another writer; nothing was shipped",
@@ -158,16 +175,22 @@ class _Uploader:
 
 
 def _segments(
-    store: Path, sid: uuid.UUID, gen: int, cur_gen: int, done: set[str]
+    store: Path, sid: uuid.UUID, gen: int, adopted_through: int, done: set[str]
 ) -> Iterator[tuple[Entry, bytes] | Path]:
-    """Sealed segments not in ``done``, verified, one at a time; a damaged one as its path."""
+    """Sealed segments not in ``done``, verified, one at a time; a damaged one as its path.
+
+    :raises FencedError: a segment of an older generation that this
+        directory's takeover did not adopt (see the module docstring).
+    """
     try:
         listed = list_segments(store / WAL_DIR)
     except FileNotFoundError:
         return
-    for _seq, _lsn, path in listed:
+    highest = 0  # the highest generation named by the headers before, as recovery's rule H5
+    for seq, _lsn, path in listed:
         rel = f"{WAL_DIR}/{path.name}"
         if rel in done or peek_seal(path, path.stat().st_size) is None:
+            highest = max(highest, _generation_of(path))
             continue  # shipped already; or the active segment (unsealed), never shipped
         data = path.read_bytes()
         scan = scan_segment(path, data, store_id=sid, prev_crc=None, is_last=False)
@@ -176,10 +199,27 @@ def _segments(
             yield path
             continue
         written_by = header_generation(data[:HEADER_SIZE])
-        if written_by and written_by < cur_gen:
+        if written_by and written_by < highest:
             raise FencedError(
-                f"{rel} was written by a fenced writer", ours=written_by, current=cur_gen
+                f"{rel} follows a segment of generation {highest}: a fenced writer's",
+                ours=written_by,
+                current=highest,
+                hint="stop the stale writer, then reopen the store: recovery sets the "
+                "segment aside (rule H5), and shipping goes on",
             )
+        if written_by and written_by < gen and seq > adopted_through:
+            raise FencedError(
+                f"{rel} was created by a writer of generation {written_by} after this store "
+                f"was taken over (segments up to {adopted_through} were adopted)",
+                ours=written_by,
+                current=gen,
+                hint="stop the stale writer; then take the store over again to adopt what it "
+                "wrote, or restore the store from the remote into an empty directory",
+            )
+        if written_by and written_by < gen:
+            log.info("event=segment_adopted file=%s written_by=%d generation=%d",
+                     rel, written_by, gen)  # fmt: skip
+        highest = max(highest, written_by)
         h = scan.header
         yield Entry(
             key=StoreKeys(sid).segment(gen, path.name), kind="wal", name=path.name,
@@ -187,6 +227,16 @@ def _segments(
             sequence=h.sequence, first_lsn=h.first_lsn, prev_crc=h.prev_crc,
             last_lsn=scan.sealed_lsn, end_crc=scan.end_crc,
         ), data  # fmt: skip
+
+
+def _generation_of(path: Path) -> int:
+    """The generation in ``path``'s header; 0 if it is gone or does not verify."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(HEADER_SIZE)
+    except FileNotFoundError:
+        return 0
+    return SegmentHeader.unpack(head).generation if SegmentHeader.crc_ok(head) else 0
 
 
 def _snapshots(
@@ -226,11 +276,13 @@ def ship(
     """Ship ``store`` to ``url`` (steps in the module docstring) and return what was done.
 
     :param generation: the writer generation to ship as (default: the one
-        in ``remote.json``; a store that never shipped acquires generation 1).
+        in ``remote.json``; a store that never shipped creates or joins
+        generation 1, :func:`.manifest.create_first`).
     :param retain: after shipping, apply remote retention keeping this many snapshots.
     :raises StoreNotFoundError: ``store`` holds no statelog store.
-    :raises FencedError: another generation owns the store; what this call
-        uploaded was deleted again and the manifest is unchanged.
+    :raises FencedError: another generation owns the store, or a segment of
+        an older generation was written after this directory's takeover;
+        what this call uploaded was deleted again and the manifest is unchanged.
     :raises RemoteError: a request failed after its retries, or a key holds
         other bytes (``remote.json`` is unchanged; run again).
     :raises OSError: reading a local file or writing ``remote.json`` failed.
@@ -241,7 +293,7 @@ def ship(
     sid = StoreLayout(store).read_identity(files)
     client = client or RemoteClient.from_url(url)
     rec = load_record(store, files) or ShipRecord(url=url, store_id=str(sid))
-    gen, m = _owner(client, sid, rec, generation)
+    gen, m = _owner(client, store, sid, rec, generation)
     keys = StoreKeys(sid)
     up = _Uploader(client, keys, gen, m)
     done = set(rec.files)
@@ -255,7 +307,7 @@ def ship(
     now = int(time.time() * 1000)
     try:
         for kind, found in (
-            (WAL_DIR, _segments(store, sid, gen, m.generation, done)),
+            (WAL_DIR, _segments(store, sid, gen, rec.adopted_through, done)),
             (SNAPSHOT_DIR, _snapshots(store, files, sid, gen, done)),
         ):
             for item in found:
@@ -272,11 +324,17 @@ def ship(
     except FencedError:
         _discard(client, up.uploaded)
         raise
-    rec = msgspec.structs.replace(
-        rec, url=url, generation=gen, last_epoch=result.last_epoch, last_ship_ms=now,
-        files=shipped,
-    )  # fmt: skip
-    save_record(store, rec, files)
+
+    def record(cur: ShipRecord | None) -> ShipRecord:
+        # Merged with what another process of this directory recorded meanwhile
+        # (a claim): its files stay, and a newer generation it took is kept.
+        base = cur or rec
+        return msgspec.structs.replace(
+            base, url=url, generation=max(base.generation, gen), last_epoch=result.last_epoch,
+            last_ship_ms=now, files={**base.files, **shipped},
+        )  # fmt: skip
+
+    update_record(store, record, files)
     kept = apply_remote_retention(client, sid, gen, retain=retain) if retain is not None else None
     out = ShipResult(
         store, sid, gen, tuple(up.uploaded), tuple(up.adopted), up.bytes, result.last_epoch,
