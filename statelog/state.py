@@ -20,9 +20,10 @@ which is its UTF-8 byte order) -- the order of the base's tagged keys.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .base import Base, EmptyBase
 from .records import CommitRecord, Key
@@ -51,6 +52,22 @@ def _sort_key(k: Key) -> tuple[int, Key]:
     return (0, k) if type(k) is bytes else (1, k)
 
 
+class _Sealed(NamedTuple):
+    """One table of the sealed generations (all but the newest), merged once.
+
+    Reads merge the newest generation (small: bounded by a segment) over
+    this and the base, instead of merging and sorting every generation on
+    every call: a high-churn table piles up deleted keys in its generations
+    until a snapshot folds them, and sorting all of them per read made a
+    scan cost the whole churn since the last snapshot.
+    """
+
+    entries: dict[Key, bytes | None]  # newest sealed entry per key; None: deleted
+    ordered: list[tuple[tuple[int, Key], Key, bytes]]  # the live entries, in key order
+    deleted: frozenset[Key]  # keys the sealed generations delete (hiding the base's)
+    live_delta: int  # live keys the sealed entries add to the base's count
+
+
 class LiveState:
     """Everything a reader sees. Mutated only by :meth:`apply` and :meth:`swap_base`."""
 
@@ -61,6 +78,7 @@ class LiveState:
         self.base: Base = EmptyBase()
         self.base_epoch = 0
         self.generations: list[Generation] = [Generation(0, 1)]
+        self._sealed: dict[str, _Sealed] = {}  # cleared whenever the sealed set changes
 
     # -- writing ----------------------------------------------------------
     def begin_generation(self, segment: int) -> None:
@@ -72,6 +90,7 @@ class LiveState:
             top.segment, top.first_epoch = segment, self.epoch + 1
             return
         self.generations.append(Generation(segment, self.epoch + 1))
+        self._sealed.clear()
         if len(self.generations) > MAX_GENERATIONS:
             self._merge_oldest()
 
@@ -126,6 +145,7 @@ class LiveState:
             # The newest generation is folded too: keep an empty one to write into.
             kept = [Generation(top.segment, self.epoch + 1)]
         self.generations = kept
+        self._sealed.clear()
         return old
 
     def _merge_oldest(self) -> None:
@@ -137,6 +157,7 @@ class LiveState:
         older.last_epoch = newer.last_epoch
         older.segment = newer.segment
         del self.generations[1]
+        self._sealed.clear()
 
     # -- reading ----------------------------------------------------------
     def get(self, table: str, key: Any) -> bytes | None:
@@ -148,23 +169,37 @@ class LiveState:
                     return v  # type: ignore[return-value]
         return self.base.get(table, key)
 
-    def _overlay(self, table: str) -> dict[Key, bytes | None]:
-        """The generations of ``table`` merged, newest entry winning."""
-        gens = [g.tables[table] for g in self.generations if table in g.tables]
-        if len(gens) == 1:
-            return gens[0]
-        merged: dict[Key, bytes | None] = {}
-        for t in gens:
-            merged.update(t)
-        return merged
+    def _sealed_table(self, table: str) -> _Sealed:
+        """The sealed generations of ``table`` merged and sorted (cached until they change)."""
+        got = self._sealed.get(table)
+        if got is not None:
+            return got
+        entries: dict[Key, bytes | None] = {}
+        for g in self.generations[:-1]:
+            t = g.tables.get(table)
+            if t:
+                entries.update(t)
+        ordered = sorted(
+            ((_sort_key(k), k, v) for k, v in entries.items() if v is not None), key=_first
+        )
+        deleted = frozenset(k for k, v in entries.items() if v is None)
+        base = self.base
+        if isinstance(base, EmptyBase):
+            delta = sum(1 for v in entries.values() if v is not None)
+        else:
+            delta = sum(
+                (v is not None) - (base.get(table, k) is not None) for k, v in entries.items()
+            )
+        got = self._sealed[table] = _Sealed(entries, ordered, deleted, delta)
+        return got
 
     def count(self, table: str) -> int:
-        overlay = self._overlay(table)
-        if isinstance(self.base, EmptyBase):
-            return sum(1 for v in overlay.values() if v is not None)
-        n = self.base.count(table)
-        for k, v in overlay.items():
-            below = self.base.get(table, k) is not None
+        sealed = self._sealed_table(table)
+        base = self.base
+        n = base.count(table) + sealed.live_delta
+        for k, v in (self.generations[-1].tables.get(table) or {}).items():
+            prior = sealed.entries.get(k, _MISSING)
+            below = base.get(table, k) is not None if prior is _MISSING else prior is not None
             n += (v is not None) - below
         return n
 
@@ -176,19 +211,44 @@ class LiveState:
 
     def items(self, table: str, prefix: Key | None = None) -> Iterator[tuple[Key, bytes]]:
         """``(key, encoded value)`` of ``table`` in key order, overlay merged over the base."""
-        overlay = self._overlay(table)
+        newest = self.generations[-1].tables.get(table) or {}
+        sealed = self._sealed_table(table)
         if prefix is None:
-            keys = sorted(overlay, key=_sort_key)
+            keys = sorted(newest, key=_sort_key)
+            mid: Iterable[tuple[tuple[int, Key], Key, bytes]] = sealed.ordered
         else:
             kind = type(prefix)
-            keys = sorted(k for k in overlay if type(k) is kind and k.startswith(prefix))  # type: ignore[arg-type]
-        top = [(_sort_key(k), k, overlay[k]) for k in keys]
-        below = ((_sort_key(k), k, v) for k, v in self.base.items(table, prefix))
+            keys = sorted(k for k in newest if type(k) is kind and k.startswith(prefix))  # type: ignore[arg-type]
+            mid = _prefixed(sealed.ordered, prefix)
+        # Deleted keys of the sealed generations are not merged (a table with
+        # churn holds far more of them than live keys): they only hide the
+        # base's entries. Rank breaks ties: newest generation, sealed, base.
+        dead = sealed.deleted
+        top = (((_sort_key(k), 0), k, newest[k]) for k in keys)
+        middle = (((sk, 1), k, v) for sk, k, v in mid)
+        below = (
+            ((_sort_key(k), 2), k, v) for k, v in self.base.items(table, prefix) if k not in dead
+        )
         last: Any = None
-        # Overlay entries sort before base entries of the same key and win.
-        for sk, k, v in heapq.merge(top, below, key=lambda e: e[0]):
+        for (sk, _rank), k, v in heapq.merge(top, middle, below, key=_first):
             if sk == last:
                 continue
             last = sk
             if v is not None:
                 yield k, v
+
+
+def _first(entry: tuple[Any, ...]) -> Any:
+    return entry[0]
+
+
+def _prefixed(
+    ordered: list[tuple[tuple[int, Key], Key, bytes]], prefix: Key
+) -> Iterator[tuple[tuple[int, Key], Key, bytes]]:
+    """The entries of ``ordered`` whose key starts with ``prefix`` (same type), in order."""
+    at = bisect.bisect_left(ordered, _sort_key(prefix), key=_first)
+    for entry in ordered[at:]:
+        k = entry[1]
+        if type(k) is not type(prefix) or not k.startswith(prefix):  # type: ignore[arg-type]
+            return
+        yield entry
