@@ -76,6 +76,7 @@ def crash_run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     store, sink, stats = work / "crash-store", work / "crash.sqlite", work / "starts.jsonl"
     rng = random.Random(a.seed * 31 + 1)
     kills: list[str] = []
+    damaged: str | None = None
     import statelog
 
     statelog.open(store).close()  # the daemon serves an existing store
@@ -96,7 +97,14 @@ def crash_run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
             child.send_signal(signal.SIGKILL)
             child.wait()
             kills.append(moment)
+            if len(kills) == 3 and not damaged:
+                # Bit rot in the newest snapshot: the restart must walk back past it.
+                daemon.send_signal(signal.SIGSTOP)  # no new snapshot meanwhile
+                damaged = _damage_newest_snapshot(store)
             child = start_reconciler(a, store, sink, stats)
+            if damaged and len(kills) == 3:
+                _wait_for_start(stats, len(kills) + 1, child)
+                daemon.send_signal(signal.SIGCONT)
         if child.wait(timeout=600) != 0:
             raise SystemExit(f"the reconciler failed with exit status {child.returncode}")
     finally:
@@ -105,7 +113,25 @@ def crash_run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)
     starts = [json.loads(line) for line in stats.read_text().splitlines()]
-    return {"kills": kills, "starts": starts, "verdicts": verdicts(sink), "epoch": epoch_of(store)}
+    return {
+        "kills": kills,
+        "starts": starts,
+        "verdicts": verdicts(sink),
+        "epoch": epoch_of(store),
+        "damaged": damaged,
+    }
+
+
+def _damage_newest_snapshot(store: Path) -> str | None:
+    """Flip one byte in the middle of the newest snapshot, if an older one remains to use."""
+    snaps = sorted((store / "snapshots").glob("*.snap"))
+    if len(snaps) < 2:
+        return None
+    newest = snaps[-1]
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    newest.write_bytes(bytes(data))
+    return newest.name
 
 
 def epoch_of(store: Path) -> int:
@@ -160,7 +186,11 @@ def report(
     )
     t.add_row("commits replayed after restarts", f"{sum(s['replayed'] for s in restarts):,}")
     t.add_row("restarts from a snapshot", str(sum(1 for s in restarts if s["snapshot"])))
-    t.add_row("walk-backs", str(sum(s["walk_backs"] for s in starts)))
+    walked = sum(s["walk_backs"] for s in starts)
+    t.add_row(
+        "walk-backs (past a snapshot damaged on purpose)",
+        f"{walked} ({crash['damaged']})" if crash.get("damaged") else str(walked),
+    )
     for v in ("match", "mismatch", "missing_in_target", "missing_in_source"):
         t.add_row(f"verdicts: {v} (ref / crash)", f"{counts[v]:,} / {crash_counts[v]:,}")
     t.add_row("verdict tables identical", "yes" if same else "NO")
