@@ -5,7 +5,8 @@
 * the writer's RssAnon over a memory-mapped base, and the overlay's memory
   per buffered update (:mod:`benchmarks.memory`).
 
-Templates (:mod:`benchmarks.stores`) are built once per state size and
+Templates (:mod:`benchmarks.stores`) are built once per state size (the restart's
+with its own long history) and
 shared by the measurements that use that size; each is removed as soon as no
 later measurement needs it, and everything lives in one temporary directory.
 """
@@ -48,6 +49,8 @@ class Issue3Config:
     seed: int = DEFAULT_SEED
     daemon_segment_bytes: int = 8 << 20
     daemon_min_tail_bytes: int = 8 << 20
+    restart_history: int = 0
+    """Updates committed before the snapshot of the restart's store (0: load only)."""
     daemon_nice: int | None = 19
     """Also run the daemon under ``nice -n`` this (None: skip that condition)."""
 
@@ -75,7 +78,7 @@ def run_issue3(cfg: Issue3Config, base_dir: str | None, log: Callable[[str], Non
     runs: list[LatencyRun] = []
     memory: list[MemoryResult] = []
     skipped: list[str] = []
-    built: dict[int, Template] = {}
+    built: dict[tuple[int, int], Template] = {}
     uses: list[int] = []
     if "restart" in cfg.parts:
         uses.append(cfg.restart_keys)
@@ -87,22 +90,29 @@ def run_issue3(cfg: Issue3Config, base_dir: str | None, log: Callable[[str], Non
     with tempfile.TemporaryDirectory(prefix="bench-issue3-", dir=base_dir) as d:
         work = Path(d)
 
-        def template(keys: int) -> Template:
-            if keys not in built:
-                log(f"[issue3] template: {keys:,} keys loaded, sealed, compacted ...")
-                t = build_template_isolated(work / f"template-{keys}", keys, seed=cfg.seed)
+        def template(keys: int, history: int = 0) -> Template:
+            # The restart's store has a long history; the others start from a plain load.
+            if (keys, history) not in built:
+                log(f"[issue3] template: {keys:,} keys (+{history:,} updates) loaded, compacted")
+                t = build_template_isolated(
+                    work / f"template-{keys}-{history}",
+                    keys,
+                    seed=cfg.seed,
+                    history=history,
+                    updates=min(cfg.updates, cfg.restart_tail, keys),
+                )
                 log(
                     f"[issue3]   load {t.load_seconds:.1f} s, compact {t.compact_seconds:.1f} s, "
                     f"snapshot {t.snapshot_bytes / 2**20:.1f} MiB, "
                     f"image {t.image_bytes / 2**20:.1f} MiB"
                 )
-                built[keys] = t
-            return built[keys]
+                built[keys, history] = t
+            return built[keys, history]
 
-        def done_with(keys: int) -> None:
+        def done_with(keys: int, history: int = 0) -> None:
             uses.remove(keys)
-            if keys not in uses and keys in built:
-                shutil.rmtree(work / f"template-{keys}", ignore_errors=True)
+            if (keys not in uses or history) and (keys, history) in built:
+                shutil.rmtree(work / f"template-{keys}-{history}", ignore_errors=True)
 
         if "restart" in cfg.parts:
             spec = RestartSpec(
@@ -113,9 +123,14 @@ def run_issue3(cfg: Issue3Config, base_dir: str | None, log: Callable[[str], Non
                 seed=cfg.seed,
             )
             log(f"[issue3] restart after SIGKILL: {spec.keys:,} keys, {spec.tail:,}-update tail")
-            restart = run_restart(spec, template(spec.keys), work / "restart", log=log)
+            t = template(spec.keys, cfg.restart_history)
+            try:
+                restart = run_restart(spec, t, work / "restart", log=log)
+            except Exception as exc:  # one failed part must not lose the others' numbers
+                skipped.append(f"restart at {spec.keys:,} keys failed: {exc!r}"[:500])
+                log(f"[issue3]   FAILED: {exc!r}")
             shutil.rmtree(work / "restart", ignore_errors=True)
-            done_with(spec.keys)
+            done_with(spec.keys, cfg.restart_history)
 
         if "daemon" in cfg.parts:
             daemon_spec = DaemonSpec(
@@ -135,9 +150,15 @@ def run_issue3(cfg: Issue3Config, base_dir: str | None, log: Callable[[str], Non
                 with_daemon, nice = conditions[i % len(conditions)]
                 run_dir = work / "latency"
                 run_dir.mkdir()
-                run: LatencyRun = spawn_call(
-                    run_latency, daemon_spec, t.path, run_dir, with_daemon, i, nice
-                )
+                try:
+                    run: LatencyRun = spawn_call(
+                        run_latency, daemon_spec, t.path, run_dir, with_daemon, i, nice
+                    )
+                except Exception as exc:  # one failed part must not lose the others' numbers
+                    skipped.append(f"daemon latency run {i + 1} failed: {exc!r}"[:500])
+                    log(f"[issue3]   FAILED: {exc!r}")
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                    continue
                 shutil.rmtree(run_dir, ignore_errors=True)
                 log(
                     f"[issue3] commit latency, {run.condition}: {daemon_spec.checkpoints} "
@@ -150,7 +171,7 @@ def run_issue3(cfg: Issue3Config, base_dir: str | None, log: Callable[[str], Non
 
         for keys in mem_keys:
             free = shutil.disk_usage(work).free
-            if keys not in built and free < 2 * disk_needed(keys):
+            if (keys, 0) not in built and free < 2 * disk_needed(keys):
                 skipped.append(
                     f"memory at {keys:,} keys: needs about {disk_needed(keys) / 2**30:.1f} GiB "
                     f"of disk, {free / 2**30:.1f} GiB free"
@@ -164,9 +185,16 @@ def run_issue3(cfg: Issue3Config, base_dir: str | None, log: Callable[[str], Non
                 f"[issue3] memory: open {keys:,} keys in a base, "
                 f"then {cfg.memory_updates:,} updates"
             )
-            m: MemoryResult = spawn_call(
-                measure_memory, clone, keys, t.image_bytes, cfg.memory_updates, seed=cfg.seed
-            )
+            try:
+                m: MemoryResult = spawn_call(
+                    measure_memory, clone, keys, t.image_bytes, cfg.memory_updates, seed=cfg.seed
+                )
+            except Exception as exc:  # one failed part must not lose the others' numbers
+                skipped.append(f"memory at {keys:,} keys failed: {exc!r}"[:500])
+                log(f"[issue3]   FAILED: {exc!r}")
+                shutil.rmtree(clone, ignore_errors=True)
+                done_with(keys)
+                continue
             shutil.rmtree(clone, ignore_errors=True)
             log(
                 f"[issue3]   RssAnon {m.rss_anon_open / 2**20:.1f} MiB with an empty overlay, "
@@ -181,6 +209,6 @@ def run_issue3(cfg: Issue3Config, base_dir: str | None, log: Callable[[str], Non
         daemon=daemon_spec,
         daemon_runs=runs,
         memory=memory,
-        templates=sorted(built.values(), key=lambda t: t.keys),
+        templates=sorted(built.values(), key=lambda t: (t.keys, t.history_updates)),
         skipped=skipped,
     )

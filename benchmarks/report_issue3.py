@@ -89,9 +89,22 @@ def _ceiling(r: RestartResult) -> str:
         f"Ceiling: with a free snapshot, (a) would still replay its tail; (b) over (a)'s tail "
         f"replay ({tail * 1e3:,.0f} ms in the instrumented open) is {by_time}, and by bytes "
         f"the whole log is {_x(r.replay_bytes / r.tail_bytes)} the tail "
-        f"({_bytes(r.replay_bytes)} / {_bytes(r.tail_bytes)}). The log here is the load "
-        "plus the tail, each key written about once: the 20x target presumes a log much "
-        "longer than the state."
+        f"({_bytes(r.replay_bytes)} / {_bytes(r.tail_bytes)}). "
+        + _history_note(r)
+    )
+
+
+def _history_note(r: RestartResult) -> str:
+    t = r.template
+    if not t.history_updates:
+        return (
+            "The log here is the load plus the tail, each key written about once: the 20x "
+            "target presumes a log much longer than the state."
+        )
+    total = t.keys + t.history_updates + r.spec.tail
+    return (
+        f"The log here holds {total:,} updates ({total / t.keys:.1f} per key): the load, "
+        f"{t.history_updates:,} updates of history, then the tail."
     )
 
 
@@ -331,6 +344,7 @@ def _restart_section(r: RestartResult) -> list[str]:
     }
     lines = [
         f"State: {spec.keys:,} keys in one snapshot (the template loaded in 50k-key commits, "
+        f"then {t.history_updates:,} updates of history in {t.history_commits:,} commits, "
         f"closed, compacted), then a tail of {spec.tail:,} updates in {spec.commits} durable "
         f"commit(s) of {spec.updates:,} by a writer subprocess, then killed with SIGKILL "
         f"(acknowledged epoch {r.acked_epoch}). Each restore ran {spec.repeats} times, each "

@@ -176,19 +176,19 @@ class RestartResult:
 # -- set-up ---------------------------------------------------------------
 
 
-def _writer_cmd(store: Path, spec: RestartSpec) -> list[str]:
+def _writer_cmd(store: Path, spec: RestartSpec, start: int) -> list[str]:
     return [
         sys.executable, "-m", "benchmarks.restart", "writer", str(store),
         "--keys", str(spec.keys), "--updates", str(spec.updates),
-        "--commits", str(spec.commits), "--seed", str(spec.seed),
+        "--commits", str(spec.commits), "--seed", str(spec.seed), "--start", str(start),
     ]  # fmt: skip
 
 
-def _commit_tail_and_kill(store: Path, spec: RestartSpec, timeout: float) -> int:
+def _commit_tail_and_kill(store: Path, spec: RestartSpec, start: int, timeout: float) -> int:
     """Start the tail writer, wait for its acknowledgement, SIGKILL it; the epoch acked."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        _writer_cmd(store, spec),
+        _writer_cmd(store, spec, start),
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -209,7 +209,9 @@ def _commit_tail_and_kill(store: Path, spec: RestartSpec, timeout: float) -> int
     return epoch
 
 
-def _build_json(out_dir: Path, spec: RestartSpec, epoch: int) -> tuple[Path, float]:
+def _build_json(
+    out_dir: Path, spec: RestartSpec, epoch: int, start: int = 0
+) -> tuple[Path, float]:
     """The JSON snapshot of the state the killed writer acknowledged; path and seconds."""
     from .strategies import JsonSnapshotStrategy
 
@@ -217,7 +219,7 @@ def _build_json(out_dir: Path, spec: RestartSpec, epoch: int) -> tuple[Path, flo
     workload = Workload(spec.keys, min(spec.updates, spec.keys), seed=spec.seed)
     js = JsonSnapshotStrategy(out_dir)
     js.load(workload.initial_chunks())
-    for i in range(spec.commits):
+    for i in range(start + spec.commits):  # the history, then the tail
         js.apply(workload.checkpoint(i))
     js.epoch = epoch
     js.snapshot()
@@ -241,7 +243,8 @@ def run_restart(
     store, replay = work / "store", work / "replay"
     clone_store(template.path, store)
     say(f"[restart] tail writer: {spec.commits} commits of {spec.updates:,} updates, then SIGKILL")
-    acked = _commit_tail_and_kill(store, spec, timeout)
+    start = template.history_commits
+    acked = _commit_tail_and_kill(store, spec, start, timeout)
     # The replay copy: the whole log from epoch 1, then what the killed writer added.
     replay.mkdir()
     os.link(store / "IDENTITY", replay / "IDENTITY")
@@ -254,7 +257,7 @@ def run_restart(
         [p for p in sorted((store / "wal").glob("*.wal")) if p.name not in kept], replay / "wal"
     )
     say("[restart] JSON snapshot of the same state ...")
-    json_path, json_seconds = spawn_call(_build_json, work / "json", spec, acked)
+    json_path, json_seconds = spawn_call(_build_json, work / "json", spec, acked, start)
     args = {
         "snapshot": ["open", str(store)],
         "replay": ["open", str(replay)],
@@ -534,7 +537,9 @@ def probe_floor(store: Path) -> None:
     )
 
 
-def probe_writer(store: Path, keys: int, updates: int, commits: int, seed: int) -> None:
+def probe_writer(
+    store: Path, keys: int, updates: int, commits: int, seed: int, start: int = 0
+) -> None:
     """The tail writer: commit, acknowledge on stdout, then wait to be killed."""
     import statelog
 
@@ -542,7 +547,7 @@ def probe_writer(store: Path, keys: int, updates: int, commits: int, seed: int) 
 
     workload = Workload(keys, min(updates, keys), seed=seed)
     s = statelog.open(store, durability="commit")
-    for i in range(commits):
+    for i in range(start, start + commits):  # after the template's history
         commit_checkpoint(s, workload.checkpoint(i))
     sys.stdout.write(json.dumps({"epoch": s.epoch, "pid": os.getpid()}) + "\n")
     sys.stdout.flush()
@@ -567,6 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_writer.add_argument("--updates", type=int, required=True)
     p_writer.add_argument("--commits", type=int, required=True)
     p_writer.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    p_writer.add_argument("--start", type=int, default=0, help="first checkpoint index")
     args = ap.parse_args(argv)
     if args.probe == "open":
         probe_open(args.store, instrument=args.instrument, pyinstrument=args.pyinstrument)
@@ -575,7 +581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.probe == "floor":
         probe_floor(args.store)
     else:
-        probe_writer(args.store, args.keys, args.updates, args.commits, args.seed)
+        probe_writer(args.store, args.keys, args.updates, args.commits, args.seed, args.start)
     return 0
 
 

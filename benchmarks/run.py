@@ -35,6 +35,7 @@ from benchmarks.measure import RunResult, RunSpec, measure_isolated  # noqa: E40
 from benchmarks.profile_commit import Breakdown, profile_isolated  # noqa: E402
 from benchmarks.report import Report, machine_info, python_command, render  # noqa: E402
 from benchmarks.strategies import JsonSnapshotStrategy, StatelogStrategy  # noqa: E402
+from benchmarks.tradeoff import Tradeoff, TradeoffConfig, run_tradeoff  # noqa: E402
 from benchmarks.workload import DEFAULT_SEED  # noqa: E402
 
 __all__ = ["FULL", "QUICK", "Plan", "main", "run"]
@@ -53,8 +54,15 @@ class Plan:
     warmup: int = 3
     profile_commits: int = 20
     seed: int = DEFAULT_SEED
-    parts: tuple[str, ...] = ("commit", *PARTS)
-    """``commit`` (issue 2) and issue 3's ``restart``, ``daemon``, ``memory``."""
+    parts: tuple[str, ...] = ("tradeoff", "commit", *PARTS)
+    """``tradeoff`` (issue 6), ``commit`` (issue 2), issue 3's ``restart``, ``daemon``,
+    ``memory``."""
+    tradeoff_sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000)
+    tradeoff_budget: float = 8.0
+    tradeoff_checkpoints: int = 100
+    tradeoff_settle: float = 15.0
+    restart_history: int = 5_000_000
+    """Issue 3: updates committed before the snapshot (history much longer than the state)."""
     restart_keys: int = 1_000_000
     restart_tail: int = 100_000
     restart_repeats: int = 3
@@ -73,6 +81,7 @@ class Plan:
             restart_keys=self.restart_keys,
             restart_tail=self.restart_tail,
             restart_repeats=self.restart_repeats,
+            restart_history=self.restart_history,
             daemon_keys=self.daemon_keys,
             daemon_checkpoints=self.daemon_checkpoints,
             daemon_pairs=self.daemon_pairs,
@@ -105,13 +114,20 @@ class Plan:
 QUICK = Plan(
     "quick",
     (10_000, 100_000),
-    statelog_checkpoints=40,
-    profile_commits=20,
+    statelog_checkpoints=20,
+    json_checkpoints=5,
+    profile_commits=10,
     restart_keys=100_000,
     restart_tail=10_000,
+    restart_history=500_000,
     daemon_keys=100_000,
-    daemon_checkpoints=100,
-    memory_keys=(1_000_000,),
+    daemon_checkpoints=60,
+    daemon_pairs=1,
+    memory_keys=(100_000,),
+    tradeoff_sizes=(10_000, 100_000),
+    tradeoff_budget=0.6,
+    tradeoff_checkpoints=20,
+    tradeoff_settle=1.0,
 )
 FULL = Plan(
     "full",
@@ -139,7 +155,11 @@ def run(plan: Plan, base_dir: str | None) -> tuple[list[RunResult], list[Breakdo
             f"[bench] {spec.strategy} at {spec.state_keys:,} keys: "
             f"{spec.checkpoints} checkpoints of {spec.updates:,} updates ..."
         )
-        result = measure_isolated(spec)
+        try:
+            result = measure_isolated(spec)
+        except Exception as exc:  # one failed run must not lose the others' numbers
+            _log(f"[bench]   FAILED: {exc!r}")
+            continue
         s = result.summary()
         _log(
             f"[bench]   p50 {s.p50 * 1e3:.2f} ms, p99 {s.p99 * 1e3:.2f} ms, "
@@ -151,12 +171,28 @@ def run(plan: Plan, base_dir: str | None) -> tuple[list[RunResult], list[Breakdo
     if plan.profile_commits > 0:
         for keys in sorted({min(plan.sizes), max(plan.sizes)}):
             _log(f"[bench] profiling {plan.profile_commits} statelog commits at {keys:,} keys ...")
-            breakdowns.append(
-                profile_isolated(
-                    keys, plan.updates, plan.profile_commits, seed=plan.seed, base_dir=base_dir
+            try:
+                breakdowns.append(
+                    profile_isolated(
+                        keys, plan.updates, plan.profile_commits, seed=plan.seed, base_dir=base_dir
+                    )
                 )
-            )
+            except Exception as exc:  # the profile is optional; the runs above stand
+                _log(f"[bench]   profile FAILED: {exc!r}")
     return results, breakdowns
+
+
+def _profile_misses(tradeoff: Tradeoff, plan: Plan) -> list[str]:
+    """pyinstrument of statelog and of each engine it missed a throughput target against."""
+    from benchmarks.report_tradeoff import TARGET_FRACTION, missed_throughput
+    from benchmarks.tradeoff_profile import profile_isolated, render_profile
+
+    docs = []
+    for engine, keys, p50 in missed_throughput(tradeoff):
+        n = max(3, min(plan.profile_commits, int(2.0 / max(p50, 1e-3))))
+        _log(f"[tradeoff] target missed: pyinstrument on {n} {engine} checkpoints at {keys:,} keys")
+        docs.append(profile_isolated(engine, keys, TARGET_FRACTION, n, plan.seed))
+    return render_profile(docs) if docs else []
 
 
 def _loadavg(avg: tuple[float, float, float]) -> str:
@@ -245,6 +281,11 @@ def _parser() -> argparse.ArgumentParser:
         type=_parts,
         help=f"comma-separated subset of {','.join(ALL_PARTS)} (default: all)",
     )
+    ap.add_argument("--tradeoff-sizes", type=_sizes, help="issue 6: state sizes")
+    ap.add_argument("--tradeoff-budget", type=float, help="issue 6: seconds per phase")
+    ap.add_argument("--tradeoff-checkpoints", type=int, help="issue 6: max checkpoints per phase")
+    ap.add_argument("--tradeoff-settle", type=float, help="issue 6: paced seconds before kill")
+    ap.add_argument("--restart-history", type=int, help="issue 3: updates before the snapshot")
     ap.add_argument("--restart-keys", type=int, help="issue 3: state size of the restart")
     ap.add_argument("--restart-tail", type=int, help="issue 3: updates after the snapshot")
     ap.add_argument("--restart-repeats", type=int, help="issue 3: fresh-process restores each")
@@ -258,7 +299,7 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-ALL_PARTS = ("commit", *PARTS)
+ALL_PARTS = ("tradeoff", "commit", *PARTS)
 
 
 def _parts(text: str) -> tuple[str, ...]:
@@ -282,6 +323,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "profile_commits": args.profile_commits,
         "seed": args.seed,
         "parts": args.parts,
+        "tradeoff_sizes": args.tradeoff_sizes,
+        "tradeoff_budget": args.tradeoff_budget,
+        "tradeoff_checkpoints": args.tradeoff_checkpoints,
+        "tradeoff_settle": args.tradeoff_settle,
+        "restart_history": args.restart_history,
         "restart_keys": args.restart_keys,
         "restart_tail": args.restart_tail,
         "restart_repeats": args.restart_repeats,
@@ -299,6 +345,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     head_before = _head()
     load_before, psi_before = os.getloadavg(), _cpu_pressure()
     t0 = time.perf_counter()
+    tradeoff: Tradeoff | None = None
+    if "tradeoff" in plan.parts:
+        tradeoff = run_tradeoff(
+            TradeoffConfig(
+                sizes=plan.tradeoff_sizes,
+                budget=plan.tradeoff_budget,
+                max_checkpoints=plan.tradeoff_checkpoints,
+                seed=plan.seed,
+                settle=plan.tradeoff_settle,
+            ),
+            args.dir,
+            _log,
+        )
+    tradeoff_profile = _profile_misses(tradeoff, plan) if tradeoff is not None else []
     results, breakdowns = run(plan, args.dir) if "commit" in plan.parts else ([], [])
     issue3: Issue3 | None = None
     cfg = plan.issue3()
@@ -334,9 +394,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         started=started,
         seconds=time.perf_counter() - t0,
         issue3=issue3,
+        tradeoff=tradeoff,
+        tradeoff_profile=tradeoff_profile,
     )
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
+    if tradeoff is not None and tradeoff.cells:
+        from benchmarks.report_tradeoff import write_plots
+
+        report = replace(report, plots=write_plots(tradeoff, out.parent))
     out.write_text(render(report))
     _log(f"[bench] wrote {out} in {report.seconds:.0f} s")
     return 0

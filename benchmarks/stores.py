@@ -75,6 +75,10 @@ class Template:
     log_bytes: int
     load_seconds: float
     compact_seconds: float
+    history_commits: int = 0
+    """Checkpoints committed after the load, before the compaction (``workload.checkpoint(i)``
+    for i below this), so the log is much longer than the state."""
+    history_updates: int = 0
 
 
 def dir_bytes(path: Path, suffix: str = "") -> int:
@@ -86,19 +90,31 @@ def dir_bytes(path: Path, suffix: str = "") -> int:
         return 0
 
 
-def build_template(root: Path, keys: int, *, seed: int = DEFAULT_SEED) -> Template:
+def build_template(
+    root: Path, keys: int, *, seed: int = DEFAULT_SEED, history: int = 0, updates: int = 10_000
+) -> Template:
     """Load ``keys`` keys into ``root/store``, close, link the log into ``root/log``, compact.
 
+    With ``history``, about that many updates follow the load, as checkpoints of
+    ``updates`` keys each (the benchmark workload's ``checkpoint(0..)``): a
+    reconciler's log after months of running holds many writes per key.
     The load uses ``durability="none"`` (it is set-up, not measured); the
     close seals and syncs the last segment, and the compactor syncs the snapshot.
     """
+    from .strategies import commit_checkpoint
+
     store, log = root / "store", root / "log"
     workload = Workload(keys, 1, seed=seed)
+    updates = min(updates, keys)
+    history_commits = history // updates
     t0 = time.perf_counter()
     s = statelog.open(store, durability="none")
     try:
         for chunk in workload.initial_chunks(chunk=LOAD_CHUNK):
             s.commit(offsets={}, low_watermark_ms=0, put=chunk)
+        steps = Workload(keys, updates, seed=seed)
+        for i in range(history_commits):
+            commit_checkpoint(s, steps.checkpoint(i))
         epoch = s.epoch
     finally:
         s.close()
@@ -125,6 +141,8 @@ def build_template(root: Path, keys: int, *, seed: int = DEFAULT_SEED) -> Templa
         log_bytes=dir_bytes(log, ".wal"),
         load_seconds=load_seconds,
         compact_seconds=compact_seconds,
+        history_commits=history_commits,
+        history_updates=history_commits * updates,
     )
 
 
@@ -135,9 +153,13 @@ def spawn_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return pool.submit(fn, *args, **kwargs).result()
 
 
-def build_template_isolated(root: Path, keys: int, *, seed: int = DEFAULT_SEED) -> Template:
+def build_template_isolated(
+    root: Path, keys: int, *, seed: int = DEFAULT_SEED, history: int = 0, updates: int = 10_000
+) -> Template:
     """:func:`build_template` in a freshly spawned interpreter."""
-    result: Template = spawn_call(build_template, root, keys, seed=seed)
+    result: Template = spawn_call(
+        build_template, root, keys, seed=seed, history=history, updates=updates
+    )
     return result
 
 

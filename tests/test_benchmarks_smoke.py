@@ -21,6 +21,7 @@ from benchmarks.daemon_latency import _parse_log
 from benchmarks.measure import RunSpec, measure, percentile
 from benchmarks.memory import measure_memory
 from benchmarks.profile_commit import _PROBES, BUCKETS, profile_commits
+from benchmarks.report_tradeoff import PLOTS
 from benchmarks.stores import build_template, clone_store
 from benchmarks.strategies import JsonSnapshotStrategy, StatelogStrategy
 from benchmarks.workload import Workload
@@ -89,17 +90,33 @@ def test_profile_pass_puts_statelog_back(tmp_path: Path) -> None:
 ISSUE3_TINY = ["--restart-keys", f"{KEYS}", "--restart-tail", f"{UPDATES}", "--restart-repeats"]
 ISSUE3_TINY += ["1", "--daemon-keys", f"{KEYS}", "--daemon-checkpoints", "3", "--daemon-pairs"]
 ISSUE3_TINY += ["1", "--memory-keys", f"{KEYS}", "--memory-updates", f"{UPDATES}"]
+ISSUE3_TINY += ["--restart-history", f"{2 * UPDATES}"]
+TRADEOFF_TINY = ["--tradeoff-sizes", "1000", "--tradeoff-budget", "0.01"]
+TRADEOFF_TINY += ["--tradeoff-checkpoints", "2", "--tradeoff-settle", "0.1"]
 
 
 def test_runner_writes_the_report(tmp_path: Path) -> None:
-    """Every part once, issue 2's and issue 3's, at tiny sizes: the whole report renders."""
+    """Every part once, issues 6, 2 and 3, at tiny sizes: the whole report and plots render."""
     out = tmp_path / "benchmarks.md"
     argv = ["--quick", "--sizes", f"{KEYS}", "--updates", f"{UPDATES}", "--checkpoints", "2"]
     argv += ["--json-checkpoints", "2", "--warmup", "1", "--profile-commits", "2"]
-    argv += [*ISSUE3_TINY, "--out", str(out), "--dir", str(tmp_path)]
+    argv += [*ISSUE3_TINY, *TRADEOFF_TINY, "--out", str(out), "--dir", str(tmp_path)]
     assert run.main(argv) == 0
     text = out.read_text()
     for needle in (
+        "## Durability strategy trade-off, measured (1k keys, 1% dirty)",
+        "| (1) JSON full snapshot every checkpoint, atomic rename |",
+        "| (2) zstd full snapshot every 10 checkpoints + source replay |",
+        '| (3) statelog `durability="group"` + compactor |',
+        "| (4) no checkpoint: replay the source from the start |",
+        "| (5) SQLite WAL, `synchronous=FULL` |",
+        "| (5) LMDB, synced commit per checkpoint |",
+        "| (5) RocksDB (rocksdict), synced WriteBatch |",
+        "## Targets (issue 6)",
+        "| statelog commit vs rocksdb |",
+        "| recovery vs no checkpoint |",
+        "![bench-commit-latency.png](bench-commit-latency.png)",
+        "| 1k | 10.0% | sqlite |",
         "## Targets (issue 2)",
         "| 200 | json |",
         "| 200 | statelog |",
@@ -125,8 +142,11 @@ def test_runner_writes_the_report(tmp_path: Path) -> None:
         "overlay entries  <=  (T + S) / w  +  u * (2 P + I + L)",
     ):
         assert needle in text, needle
-    assert "STATE MISMATCH" not in text
-    assert list(tmp_path.iterdir()) == [out]  # every temporary store is gone
+    assert "STATE MISMATCH" not in text and "MISMATCH**" not in text and "**NO**" not in text
+    assert "Failed cells" not in text
+    plots = {tmp_path / name for name in PLOTS.values()}
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in plots)
+    assert set(tmp_path.iterdir()) == {out, *plots}  # every temporary store is gone
 
 
 def test_issue3_parts_alone_skip_issue2(tmp_path: Path) -> None:
@@ -203,3 +223,11 @@ def test_pytest_benchmark_suite_runs_once(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 passed" in proc.stdout
+
+
+def test_tradeoff_profile_renders_a_merged_tree() -> None:
+    from benchmarks.tradeoff_profile import profile_checkpoints, render_profile
+
+    doc = profile_checkpoints("sqlite", KEYS, 0.1, 2)
+    text = "\n".join(render_profile([doc]))
+    assert "**sqlite**, 200 keys, 20 updates per checkpoint: 2 checkpoints" in text
