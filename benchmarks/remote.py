@@ -2,7 +2,11 @@
 
 Stand-alone::
 
-    .venv/bin/python benchmarks/remote.py [--keys 1000000] [--seconds 10]
+    .venv/bin/python benchmarks/remote.py [--keys 1000000] [--seconds 10] [--report FILE]
+
+With ``--report docs/benchmarks.md`` the table also replaces the report's
+remote-tier section (between the ``remote:start``/``remote:end`` markers),
+or is appended; ``benchmarks/run.py`` runs it that way as its ``remote`` part.
 
 Uses the S3 endpoint of the AWS_* environment if ``AWS_ENDPOINT_URL`` is
 set, else starts moto's S3 server on loopback (which holds objects in this
@@ -12,9 +16,11 @@ process's memory: restore times include no real network). Prints a table.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import socket
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -53,6 +59,7 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--bucket", default=f"statelog-bench-{uuid.uuid4().hex[:8]}")
+    ap.add_argument("--report", type=Path, help="write the table into this markdown report")
     args = ap.parse_args()
     env, server = _endpoint()
     boto3.client(
@@ -149,6 +156,51 @@ def main() -> None:
     print(f"{'measure'.ljust(w)}  value")
     for k, v in rows:
         print(f"{k.ljust(w)}  {v}")
+    if args.report is not None:
+        where = "moto's S3 server on loopback" if server is not None else "AWS_ENDPOINT_URL"
+        write_section(args.report, rows, args, where)
+
+
+START, END = "<!-- remote:start -->", "<!-- remote:end -->"
+
+
+def write_section(
+    report: Path, rows: list[tuple[str, str]], args: argparse.Namespace, where: str
+) -> None:
+    """Put the remote-tier table into ``report`` between the markers (or append it)."""
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    cmd = f".venv/bin/python benchmarks/remote.py --keys {args.keys} --seconds {args.seconds:g}"
+    lines = [
+        START,
+        "## Remote tier (issue 7): shipping lag, restore, bytes per checkpoint",
+        "",
+        f"Measured by `{cmd}` on {when}, against {where}"
+        + (
+            " (objects held in the server's memory on the same host: no real network, so "
+            "these times are a floor for a real object store)."
+            if "moto" in where
+            else "."
+        ),
+        'A writer commits 100 puts per checkpoint (`durability="group"`, 1 MiB segments) '
+        f"for {args.seconds:g} s while the store is shipped every 0.5 s; then a {args.keys:,}-key "
+        "store with a snapshot and a 10k-update tail is shipped, restored into an empty "
+        "directory and opened, side by side with a local restart of the same store.",
+        "",
+        "| measure | value |",
+        "|---|---:|",
+        *[f"| {k} | {v} |" for k, v in rows],
+        END,
+    ]
+    section = "\n".join(lines) + "\n"
+    text = report.read_text() if report.exists() else ""
+    if START in text and END in text:
+        head, rest = text.split(START, 1)
+        tail = rest.split(END, 1)[1].lstrip("\n")
+        text = head + section + ("\n" + tail if tail else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    report.write_text(text)
+    print(f"wrote the remote-tier section of {report}", file=sys.stderr)
 
 
 if __name__ == "__main__":

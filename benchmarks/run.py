@@ -54,7 +54,7 @@ class Plan:
     warmup: int = 3
     profile_commits: int = 20
     seed: int = DEFAULT_SEED
-    parts: tuple[str, ...] = ("tradeoff", "commit", *PARTS)
+    parts: tuple[str, ...] = ("tradeoff", "commit", *PARTS, "remote")
     """``tradeoff`` (issue 6), ``commit`` (issue 2), issue 3's ``restart``, ``daemon``,
     ``memory``."""
     tradeoff_sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000)
@@ -296,10 +296,12 @@ def _parser() -> argparse.ArgumentParser:
         "--memory-keys", type=_sizes, help="issue 3: base sizes for RssAnon, e.g. 1000000"
     )
     ap.add_argument("--memory-updates", type=int, help="issue 3: updates buffered in the overlay")
+    ap.add_argument("--remote-keys", type=int, help="issue 7: keys of the store restored")
+    ap.add_argument("--remote-seconds", type=float, help="issue 7: seconds of shipping under load")
     return ap
 
 
-ALL_PARTS = ("tradeoff", "commit", *PARTS)
+ALL_PARTS = ("tradeoff", "commit", *PARTS, "remote")
 
 
 def _parts(text: str) -> tuple[str, ...]:
@@ -403,9 +405,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         from benchmarks.report_tradeoff import write_plots
 
         report = replace(report, plots=write_plots(tradeoff, out.parent))
+    previous = out.read_text() if out.exists() else ""
     out.write_text(render(report))
+    _remote_section(plan, out, previous, args.remote_keys, args.remote_seconds)
     _log(f"[bench] wrote {out} in {report.seconds:.0f} s")
     return 0
+
+
+def _remote_section(
+    plan: Plan, out: Path, previous: str, keys: int | None, seconds: float | None
+) -> None:
+    """Issue 7's table: measured now (part ``remote``), or carried over from the old report."""
+    from benchmarks.remote import END, START
+
+    if "remote" in plan.parts:
+        quick = plan.mode == "quick"
+        keys = keys or (100_000 if quick else 1_000_000)
+        seconds = seconds or (5.0 if quick else 10.0)
+        cmd = [sys.executable, "benchmarks/remote.py", "--keys", str(keys)]
+        cmd += ["--seconds", f"{seconds:g}"]
+        _log(f"[bench] remote tier: {' '.join(cmd[1:])}")
+        done = subprocess.run([*cmd, "--report", str(out)], cwd=ROOT, check=False)
+        if done.returncode == 0:
+            return
+        _log(f"[bench] remote tier failed with status {done.returncode}; old table kept")
+    if START in previous and END in previous:
+        kept = START + previous.split(START, 1)[1].split(END, 1)[0] + END
+        out.write_text(out.read_text().rstrip("\n") + "\n\n" + kept + "\n")
 
 
 if __name__ == "__main__":

@@ -93,6 +93,7 @@ ISSUE3_TINY += ["1", "--memory-keys", f"{KEYS}", "--memory-updates", f"{UPDATES}
 ISSUE3_TINY += ["--restart-history", f"{2 * UPDATES}"]
 TRADEOFF_TINY = ["--tradeoff-sizes", "1000", "--tradeoff-budget", "0.01"]
 TRADEOFF_TINY += ["--tradeoff-checkpoints", "2", "--tradeoff-settle", "0.1"]
+TRADEOFF_TINY += ["--remote-keys", "2000", "--remote-seconds", "1"]
 
 
 def test_runner_writes_the_report(tmp_path: Path) -> None:
@@ -114,6 +115,8 @@ def test_runner_writes_the_report(tmp_path: Path) -> None:
         "| (5) RocksDB (rocksdict), synced WriteBatch |",
         "## Targets (issue 6)",
         "| statelog commit vs rocksdb |",
+        "## Remote tier (issue 7): shipping lag, restore, bytes per checkpoint",
+        "| restore + open vs local restart |",
         "| recovery vs no checkpoint |",
         "![bench-commit-latency.png](bench-commit-latency.png)",
         "| 1k | 10.0% | sqlite |",
