@@ -32,11 +32,12 @@ from .base import BaseLevel
 from .errors import CorruptionError, FormatVersionError, ResnapshotRequired
 from .events import emit
 from .fileio import FileLayer
+from .image_cache import extract_stamped, reusable_image, stamp_of
 from .layout import StoreLayout
 from .pins import PIN_DIR, pin
 from .recovery import LogEnd, list_segments, recover_log
 from .report import Outcome, RecoveryReport, Rejection
-from .snapshot import SnapshotMeta, extract_snapshot, list_snapshots
+from .snapshot import SnapshotMeta, list_snapshots
 from .state import LiveState
 from .wal_format import HEADER_SIZE, SegmentHeader
 from .wal_reader import peek_seal
@@ -101,17 +102,26 @@ def install_snapshot(
 ) -> tuple[SnapshotMeta, str | None]:
     """Verify ``path`` while extracting it (one read), then map it as ``state``'s base.
 
-    With ``wal_dir``, the snapshot is installed only if it links to that log;
+    An image this store extracted from ``path`` before and that is still
+    intact (``statelog.image_cache``) is mapped instead, without reading
+    the snapshot's body. With ``wal_dir``, the snapshot is installed only if it links to that log;
     otherwise the image is removed and the reason returned.
 
     :raises CorruptionError: the snapshot did not verify (nothing installed).
     """
-    dest = image_path(image_dir, path)
-    files.makedirs(dest.parent)
-    meta = extract_snapshot(files, path, dest, store_id=store_id)
+    found = reusable_image(image_dir, path, store_id=store_id)
+    if found is not None:
+        dest, meta = found
+        log.info("snapshot=%s event=image_reused image=%s", path.name, dest.name)
+    else:
+        dest = image_path(image_dir, path)
+        files.makedirs(dest.parent)
+        meta = extract_stamped(files, path, dest, store_id=store_id)
     why = check_link(wal_dir, meta) if wal_dir is not None else None
     if why is not None:
-        files.remove(dest)
+        for p in (dest, stamp_of(dest)):
+            with contextlib.suppress(FileNotFoundError):
+                files.remove(p)
         return meta, why
     old = state.swap_base(BaseLevel(dest), meta.lsn)
     old.close()
@@ -311,7 +321,8 @@ def _remove_stale_images(files: FileLayer, image_dir: Path, keep: Path | None) -
     """
     if not image_dir.is_dir():
         return
-    stale = [p for p in image_dir.iterdir() if p != keep]
+    kept = {keep, stamp_of(keep)} if keep is not None else set()
+    stale = [p for p in image_dir.iterdir() if p not in kept]
     if not stale:
         return
 

@@ -30,6 +30,7 @@ import re
 import struct
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Annotated, cast
@@ -231,7 +232,12 @@ def verify_snapshot(files: FileLayer, path: Path, *, store_id: uuid.UUID | None)
 
 
 def extract_snapshot(
-    files: FileLayer, path: Path, dest: Path, *, store_id: uuid.UUID | None
+    files: FileLayer,
+    path: Path,
+    dest: Path,
+    *,
+    store_id: uuid.UUID | None,
+    on_write: Callable[[bytes], None] | None = None,
 ) -> SnapshotMeta:
     """Verify the snapshot at ``path`` and decompress its image to ``dest``.
 
@@ -243,6 +249,9 @@ def extract_snapshot(
     process only; after a crash it may hold anything, so a restart
     extracts again rather than trust it.
 
+    ``on_write`` sees every image byte as it is written (the image cache
+    computes the image's CRC-32C with it).
+
     :raises CorruptionError: as :func:`verify_snapshot`; ``dest`` untouched.
     :raises FormatVersionError: as :func:`verify_snapshot`.
     :raises OSError: reading, writing or renaming failed.
@@ -250,7 +259,8 @@ def extract_snapshot(
     tmp = dest.with_name(dest.name + ".tmp")
     try:
         # Plain writes, no fsync: a derived cache (see above), not a durable step.
-        with open(tmp, "wb") as out:
+        with open(tmp, "wb") as raw:
+            out: IO[bytes] = raw if on_write is None else _Tee(raw, on_write)  # type: ignore[assignment]
             meta = _read(path, store_id, out)
         files.rename(tmp, dest)
     except BaseException:
@@ -279,6 +289,17 @@ class _Section:
         if len(self.head) < 18:
             self.head += data[: 18 - len(self.head)]
         return data
+
+
+class _Tee:
+    """Writes to ``out`` and shows each chunk to ``see``."""
+
+    def __init__(self, out: IO[bytes], see: Callable[[bytes], None]) -> None:
+        self._out, self._see = out, see
+
+    def write(self, data: bytes) -> int:
+        self._see(data)
+        return self._out.write(data)
 
 
 class _Sink:

@@ -13,6 +13,7 @@ reading, hashing and decompressing happens off the commit path.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import uuid
@@ -23,8 +24,9 @@ from .base import BaseLevel
 from .errors import CorruptionError, FormatVersionError, StorageError
 from .events import emit
 from .fileio import FileLayer
+from .image_cache import extract_stamped, stamp_of
 from .ladder import image_path
-from .snapshot import extract_snapshot, list_snapshots
+from .snapshot import list_snapshots
 from .state import LiveState
 
 __all__ = ["BaseWatcher"]
@@ -83,7 +85,7 @@ class BaseWatcher:
             dest = image_path(self._image_dir, path)
             try:
                 self._files.makedirs(self._image_dir)
-                meta = extract_snapshot(self._files, path, dest, store_id=self._store_id)
+                meta = extract_stamped(self._files, path, dest, store_id=self._store_id)
                 if meta.chain != chain:
                     raise CorruptionError(path, 0, f"chain {meta.chain:#010x} != log {chain:#010x}")
                 base = BaseLevel(dest)
@@ -113,6 +115,8 @@ class BaseWatcher:
             old.close()
             if old_path := getattr(old, "path", None):
                 self._files.remove(Path(old_path))
+                with contextlib.suppress(FileNotFoundError):
+                    self._files.remove(stamp_of(Path(old_path)))
             for k in [k for k in self._boundaries if k < lsn]:
                 del self._boundaries[k]
             log.info(
