@@ -350,9 +350,10 @@ def _emit(doc: dict[str, Any]) -> None:
 
 
 OPEN_STEPS: tuple[tuple[str, str, str], ...] = (
-    ("statelog.ladder", "verify_snapshot", "verify: read + sha256 of the snapshot file"),
+    ("statelog.image_cache", "_hashes_to_footer", "verify: read + sha256 of the snapshot file"),
+    ("statelog.image_cache", "_crc", "reuse: read + CRC-32C of the image extracted before"),
     ("statelog.ladder", "check_link", "check that the snapshot links to the log"),
-    ("statelog.ladder", "extract_snapshot", "extract: read + sha256 + zstd + write the image"),
+    ("statelog.image_cache", "extract_snapshot", "extract: read + sha256 + zstd + write the image"),
     ("statelog.snapshot._Sink", "write", "  of which: write the image (page cache)"),
     ("statelog.fileio.FileLayer", "rename", "  of which: rename over the previous image"),
     ("statelog.ladder", "BaseLevel", "map the image (LMDB open)"),
