@@ -192,7 +192,7 @@ def _announce(root: Path, report: RecoveryReport, *, writable: bool) -> None:
                 "integrity_mismatch",
                 writable=writable,
                 file=r.path.name,
-                offset=None,
+                offset=r.offset,
                 reason=r.reason,
                 source="recovery",
             )
