@@ -208,6 +208,7 @@ def test_sigkill_daemon_during_compaction(tmp_path: Path) -> None:
 
 
 @pytest.mark.stress
+@pytest.mark.timeout(1500)  # 200 rounds, each a daemon start: several minutes
 def test_sigkill_daemon_during_compaction_long(tmp_path: Path) -> None:
     seed = random.randrange(1 << 30)
     outcomes = kill_loop(tmp_path, rounds=200, seed=seed)
