@@ -85,6 +85,7 @@ def apply_retention(
     doomed_segs = _covered(store, segs, kept[-1][1], store_id) if kept else []
     deleted: list[Path] = []
     deferred: list[Path] = []
+    gone: list[dict[str, str]] = []  # reported once per pass: one audit entry, not one per file
     oldest = _rel(kept[-1][0]) if kept else None
     with retention_guard(store):
         pinned = pinned_names(store)
@@ -102,7 +103,7 @@ def apply_retention(
                 logging.INFO, "deleted", store, file=_rel(path), reason="older_than_retained",
                 epoch=meta.epoch, retain=retain, oldest_kept=oldest,
             )  # fmt: skip
-            emit(store, "retention_delete", file=_rel(path), reason="older_than_retained")
+            gone.append({"file": _rel(path), "reason": "older_than_retained"})
         for seg in doomed_segs:
             if seg.name in pinned:
                 _say(logging.INFO, "deletion_deferred", store, file=seg.name, reason="pinned")
@@ -114,9 +115,11 @@ def apply_retention(
                 logging.INFO, "deleted", store, file=seg.name, reason="covered",
                 first_lsn=seg.first_lsn, covered_by=oldest,
             )  # fmt: skip
-            emit(store, "retention_delete", file=seg.name, reason=f"covered by {oldest}")
+            gone.append({"file": seg.name, "reason": f"covered by {oldest}"})
     for d in {p.parent for p in deleted}:
         files.fsync_dir(d)
+    if gone:
+        emit(store, "retention_delete", files=gone, count=len(gone))
     return RetentionResult(
         tuple(p for p, _ in kept), tuple(deleted), tuple(damaged), tuple(deferred)
     )

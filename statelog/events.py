@@ -32,7 +32,9 @@ Kinds and their fields (every field is JSON-serialisable):
     ``snapshot``, ``epoch``, ``lsn``, ``base`` (snapshot folded from or
     None), ``segments``, ``records``, ``bytes``, ``seconds``.
 ``retention_delete``
-    ``file``, ``reason``.
+    ``files`` (list of ``{"file", "reason"}``, every file one retention
+    pass deleted) and ``count``: one event per pass, so a pass that
+    deletes thousands of segments costs one audit entry.
 ``base_swap``
     ``snapshot``, ``epoch``.
 """

@@ -249,7 +249,8 @@ def _on_event(event: events.Event) -> None:
         if seconds is not None:
             COMPACTION_SECONDS.labels(label).observe(seconds)
     elif kind == "retention_delete":
-        RETENTION_DELETIONS.labels(label).inc()
+        listed = f.get("files")
+        RETENTION_DELETIONS.labels(label).inc(len(listed) if isinstance(listed, list) else 1)
     elif kind == "base_swap":
         BASE_SWAPS.labels(label).inc()
 

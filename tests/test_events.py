@@ -8,7 +8,7 @@
 | newest snapshot damaged, walked past on open  | walk_back + integrity_mismatch (recovery)        |
 | a compaction pass that writes a snapshot      | compaction (epoch, segments, records)            |
 | the compactor meets a damaged snapshot twice  | walk_back + integrity_mismatch once, not per pass|
-| retention deletes                             | retention_delete per file                        |
+| retention deletes                             | one retention_delete per pass, every file listed |
 | the writer swaps in a new base                | base_swap                                        |
 | an unknown kind                               | ValueError (a programming error)                 |
 | a listener that raises                        | the others still run; the emitter never sees it  |
@@ -138,16 +138,20 @@ def test_compactor_reports_the_same_damaged_snapshot_once(
     assert mm[0].fields["source"] == "compactor"
 
 
-def test_retention_emits_one_event_per_deleted_file(store_path: Path, seen: list[Event]) -> None:
+def test_retention_emits_one_event_per_pass_listing_every_file(
+    store_path: Path, seen: list[Event]
+) -> None:
     build_store(store_path, simple_commits(3))
     for _ in range(3):
         compact(store_path, retain=1)
         build_more(store_path, 2)
     seen.clear()
     result = compact(store_path, retain=1)
-    deleted = [e for e in seen if e.kind == "retention_delete"]
-    assert result.deleted and len(deleted) == len(result.deleted)
-    assert {e.fields["file"].split("/")[-1] for e in deleted} == {p.name for p in result.deleted}
+    (ev,) = [e for e in seen if e.kind == "retention_delete"]
+    assert len(result.deleted) > 1 and ev.fields["count"] == len(result.deleted)
+    names = [f["file"].split("/")[-1] for f in ev.fields["files"]]
+    assert names == [p.name for p in result.deleted]
+    assert all(f["reason"] for f in ev.fields["files"])
 
 
 def test_base_swap_is_emitted_by_the_writer(store_path: Path, seen: list[Event]) -> None:

@@ -204,8 +204,10 @@ EVENTS: list[tuple[str, str, dict[str, Any], str, dict[str, str], float]] = [
      "statelog_compaction_seconds_sum", {}, 1.5),
     ("compaction-histogram", "compaction", {"snapshot": "a.snap", "seconds": 1.5},
      "statelog_compaction_seconds_count", {}, 1),
-    ("retention", "retention_delete", {"file": "wal/x.wal", "reason": "covered"},
-     "statelog_retention_deletions_total", {}, 1),
+    ("retention", "retention_delete",
+     {"files": [{"file": "wal/x.wal", "reason": "covered"},
+                {"file": "wal/y.wal", "reason": "covered"}], "count": 2},
+     "statelog_retention_deletions_total", {}, 2),
     ("base-swap", "base_swap", {"snapshot": "a.snap", "epoch": 3},
      "statelog_base_swaps_total", {}, 1),
     # Malformed fields never fail the emitter; what can be counted is counted.
