@@ -275,7 +275,22 @@ class StatelogGroupEngine(StatelogEngine):
     durability = "group"
 
 
-class SqliteEngine(Engine):
+class _StoreEngine(Engine):
+    """An engine that writes each checkpoint as one synced transaction of its store."""
+
+    def _write(self, put: dict[str, Value], cp: Checkpoint | None) -> None:
+        raise NotImplementedError
+
+    def load(self, chunks: Iterable[dict[str, Value]]) -> None:
+        for chunk in chunks:
+            self._write(chunk, None)
+
+    def checkpoint(self, cp: Checkpoint, source_pos: int) -> None:
+        self.epoch += 1
+        self._write(cp.put, cp)
+
+
+class SqliteEngine(_StoreEngine):
     """(5a) SQLite in WAL mode with ``synchronous=FULL``: one transaction per checkpoint."""
 
     name = "sqlite"
@@ -306,19 +321,11 @@ class SqliteEngine(Engine):
         db.execute("INSERT OR REPLACE INTO meta (id, doc) VALUES (0, ?)", (_meta(cp, self.epoch),))
         db.execute("COMMIT")
 
-    def load(self, chunks: Iterable[dict[str, Value]]) -> None:
-        for chunk in chunks:
-            self._write(chunk, None)
-
-    def checkpoint(self, cp: Checkpoint, source_pos: int) -> None:
-        self.epoch += 1
-        self._write(cp.put, cp)
-
     def close(self) -> None:
         self.db.close()
 
 
-class LmdbEngine(Engine):
+class LmdbEngine(_StoreEngine):
     """(5b) LMDB, one write transaction per checkpoint, synced at commit (``sync=True``)."""
 
     name = "lmdb"
@@ -338,19 +345,11 @@ class LmdbEngine(Engine):
                     txn.delete(k.encode())
             txn.put(META, _meta(cp, self.epoch))
 
-    def load(self, chunks: Iterable[dict[str, Value]]) -> None:
-        for chunk in chunks:
-            self._write(chunk, None)
-
-    def checkpoint(self, cp: Checkpoint, source_pos: int) -> None:
-        self.epoch += 1
-        self._write(cp.put, cp)
-
     def close(self) -> None:
         self.env.close()
 
 
-class RocksEngine(Engine):
+class RocksEngine(_StoreEngine):
     """(5c) RocksDB through rocksdict: one WriteBatch per checkpoint, written with ``sync``."""
 
     name = "rocksdb"
@@ -377,14 +376,6 @@ class RocksEngine(Engine):
                 wb.delete(k.encode())
         wb.put(META, _meta(cp, self.epoch))
         self.db.write(wb, self._sync)
-
-    def load(self, chunks: Iterable[dict[str, Value]]) -> None:
-        for chunk in chunks:
-            self._write(chunk, None)
-
-    def checkpoint(self, cp: Checkpoint, source_pos: int) -> None:
-        self.epoch += 1
-        self._write(cp.put, cp)
 
     def close(self) -> None:
         self.db.close()

@@ -178,34 +178,13 @@ def _announce(root: Path, report: RecoveryReport, *, writable: bool) -> None:
     the log is a mismatch; every byte range moved aside is a truncation.
     """
     for r in report.rejected:
-        if r.path.suffix == ".snap":
-            emit(
-                root,
-                "walk_back",
-                writable=writable,
-                file=r.path.name,
-                reason=r.reason,
-                source="recovery",
-            )
-            emit(
-                root,
-                "integrity_mismatch",
-                writable=writable,
-                file=r.path.name,
-                offset=r.offset,
-                reason=r.reason,
-                source="recovery",
-            )
-        elif report.outcome is Outcome.CORRUPTION and r.offset is not None:
-            emit(
-                root,
-                "integrity_mismatch",
-                writable=writable,
-                file=r.path.name,
-                offset=r.offset,
-                reason=r.reason,
-                source="recovery",
-            )
+        is_snapshot = r.path.suffix == ".snap"
+        if is_snapshot:
+            emit(root, "walk_back", writable=writable, file=r.path.name, reason=r.reason,
+                 source="recovery")  # fmt: skip
+        if is_snapshot or (report.outcome is Outcome.CORRUPTION and r.offset is not None):
+            emit(root, "integrity_mismatch", writable=writable, file=r.path.name,
+                 offset=r.offset, reason=r.reason, source="recovery")  # fmt: skip
     if writable:
         reason = "corrupt" if report.outcome is Outcome.CORRUPTION else "torn"
         for aside in report.saved_aside:
