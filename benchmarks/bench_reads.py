@@ -19,8 +19,8 @@ import os
 
 import pytest
 
-from statelog.records import encode_value
-from statelog.state import LiveState
+from statelog.format.records import encode_value
+from statelog.state.live import LiveState
 
 CHURN = int(os.environ.get("STATELOG_BENCH_CHURN", "30750"))
 LIVE = 350

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from statelog.state import LiveState
+from statelog.state.live import LiveState
 
 from .measure import percentile
 from .procstat import rss, thread_schedstat
@@ -256,7 +256,7 @@ def run_latency(
     store = work / f"run{index}"
     clone_store(template, store)
     handler = _SwapLog()
-    logger = logging.getLogger("statelog.store")
+    logger = logging.getLogger("statelog.store.store")
     logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     log_path = work / f"daemon{index}.log"

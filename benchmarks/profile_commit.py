@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import statelog.store
-import statelog.validate
-from statelog.fileio import AppendFile
-from statelog.state import LiveState
-from statelog.wal_writer import WalWriter
+import statelog.store.store
+import statelog.store.validate
+from statelog.log.writer import WalWriter
+from statelog.state.live import LiveState
+from statelog.storage.fileio import AppendFile
 
 from .strategies import StatelogStrategy, commit_checkpoint
 from .workload import DEFAULT_SEED, Workload
@@ -47,11 +47,11 @@ __all__ = ["BUCKETS", "Breakdown", "Probe", "instrument", "profile_commits", "pr
 
 # (owner, attribute, step name). Nested: _strict_keys runs inside table_delta.
 _PROBES: tuple[tuple[Any, str, str], ...] = (
-    (statelog.store, "check_offsets", "check_offsets"),
-    (statelog.store, "check_watermark", "check_watermark"),
-    (statelog.store, "table_delta", "table_delta"),
-    (statelog.validate, "_strict_keys", "key_checks"),
-    (statelog.store, "encode_record", "encode_record"),
+    (statelog.store.store, "check_offsets", "check_offsets"),
+    (statelog.store.store, "check_watermark", "check_watermark"),
+    (statelog.store.store, "table_delta", "table_delta"),
+    (statelog.store.validate, "_strict_keys", "key_checks"),
+    (statelog.store.store, "encode_record", "encode_record"),
     (WalWriter, "_frames", "frame+crc"),
     (AppendFile, "write", "write"),
     (AppendFile, "sync", "fdatasync"),

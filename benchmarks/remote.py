@@ -30,7 +30,7 @@ from pathlib import Path
 import boto3  # type: ignore[import-untyped]
 
 import statelog
-from compactor.fold import compact
+from statelog.compaction.fold import compact
 from statelog.remote import RemoteClient, lag, restore, ship
 
 

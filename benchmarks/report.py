@@ -545,7 +545,8 @@ def _method_and_machine(report: Report, updates: int, seed: int) -> list[str]:
 def _issue3_method() -> list[str]:
     return [
         "- Issue 3, templates: a store of N keys is loaded (50k-key commits), closed "
-        "(sealing its last segment) and compacted once with `compactor.fold.compact`; every "
+        "(sealing its last segment) and compacted once with "
+        "`statelog.compaction.fold.compact`; every "
         "segment is hard-linked aside first, so the full log from epoch 1 survives retention. "
         "Each measurement runs on a hard-link clone of a template (all its files are "
         "immutable), in a freshly spawned interpreter.",

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from statelog.state import MAX_GENERATIONS
+from statelog.state.live import MAX_GENERATIONS
 
 from .daemon_latency import CommitSample, LatencyRun, bucket_means, daemon_command, slowest
 from .issue3 import Issue3

@@ -350,16 +350,16 @@ def _emit(doc: dict[str, Any]) -> None:
 
 
 OPEN_STEPS: tuple[tuple[str, str, str], ...] = (
-    ("statelog.image_cache", "_hashes_to_footer", "verify: read + sha256 of the snapshot file"),
-    ("statelog.image_cache", "_crc", "reuse: read + CRC-32C of the image extracted before"),
-    ("statelog.ladder", "check_link", "check that the snapshot links to the log"),
-    ("statelog.image_cache", "extract_snapshot", "extract: read + sha256 + zstd + write the image"),
-    ("statelog.snapshot._Sink", "write", "  of which: write the image (page cache)"),
-    ("statelog.fileio.FileLayer", "rename", "  of which: rename over the previous image"),
-    ("statelog.ladder", "BaseLevel", "map the image (LMDB open)"),
-    ("statelog.ladder", "recover_log", "replay the log tail"),
-    ("statelog.ladder", "_remove_stale_images", "remove stale images"),
-    ("statelog.layout.StoreLayout", "remove_temp_files", "remove temp files"),
+    ("statelog.recovery.image_cache", "_hashes_to_footer", "verify: read + sha256 of the file"),
+    ("statelog.recovery.image_cache", "_crc", "reuse: read + CRC-32C of the old image"),
+    ("statelog.recovery.ladder", "check_link", "check that the snapshot links to the log"),
+    ("statelog.recovery.image_cache", "extract_snapshot", "extract: sha256 + zstd + write"),
+    ("statelog.storage.snapshots._Sink", "write", "  of which: write the image (page cache)"),
+    ("statelog.storage.fileio.FileLayer", "rename", "  of which: rename over the previous image"),
+    ("statelog.recovery.ladder", "BaseLevel", "map the image (LMDB open)"),
+    ("statelog.recovery.ladder", "recover_log", "replay the log tail"),
+    ("statelog.recovery.ladder", "_remove_stale_images", "remove stale images"),
+    ("statelog.storage.layout.StoreLayout", "remove_temp_files", "remove temp files"),
 )
 """Steps of a writer open, timed by the instrumented probe: (owner, attribute, label)."""
 
@@ -490,7 +490,7 @@ def probe_floor(store: Path) -> None:
     """(d): read the newest snapshot, decompress its body, read the tail segments' bytes."""
     import zstandard
 
-    from statelog.snapshot import HEADER_SIZE, list_snapshots
+    from statelog.storage.snapshots import HEADER_SIZE, list_snapshots
 
     _epoch, lsn, snap = list_snapshots(store / "snapshots")[0]
     tail = segments_after(store / "wal", lsn)

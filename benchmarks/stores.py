@@ -2,7 +2,7 @@
 
 A *template* is a store holding ``keys`` keys of the benchmark workload,
 loaded in 50k-key commits, closed (which seals its last segment) and
-compacted once with :func:`compactor.fold.compact`, so its whole state is in
+compacted once with :func:`statelog.compaction.fold.compact`, so its whole state is in
 one snapshot and its overlay is empty when opened. Before the compaction
 every segment is hard-linked into ``log/``, so the complete log from epoch 1
 survives the compactor's retention: that is what the full-replay
@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import statelog
-from compactor.fold import compact
-from statelog.fileio import FileLayer
-from statelog.recovery import list_segments
-from statelog.snapshot import list_snapshots, verify_snapshot
+from statelog.compaction.fold import compact
+from statelog.log.segments import list_segments
+from statelog.storage.fileio import FileLayer
+from statelog.storage.snapshots import list_snapshots, verify_snapshot
 
 from .workload import DEFAULT_SEED, Workload
 

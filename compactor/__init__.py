@@ -9,9 +9,9 @@ store, enforced by ``STORE/COMPACTOR.LOCK``.
 * :func:`compactor.daemon.main`: the command line.
 """
 
-from .fold import SCRATCH_DIR, CompactionResult, compact
-from .lock import CompactorLock
-from .retention import RetentionResult, apply_retention
+from statelog.compaction.fold import SCRATCH_DIR, CompactionResult, compact
+from statelog.compaction.lock import CompactorLock
+from statelog.compaction.retention import RetentionResult, apply_retention
 
 __all__ = [
     "SCRATCH_DIR",

@@ -9,7 +9,7 @@ Life of the daemon, in order:
    sleeps (``sigtimedwait``, which wakes at once). No handler runs at an
    arbitrary moment, so a stop never lands in the middle of a durable step.
 3. The stores: each sharded root named (a directory holding ``SHARDS``) is
-   replaced by its shard directories (:func:`statelog.partition.expand_stores`,
+   replaced by its shard directories (:func:`statelog.sharding.partition.expand_stores`,
    which reads only manifests), then duplicates (by absolute path) are
    dropped. A manifest that cannot be read exits 1 before any store is touched.
 4. With ``--metrics-port``, start the metrics server: its threads inherit
@@ -17,7 +17,7 @@ Life of the daemon, in order:
    that cannot be bound exits 2 before any store is touched.
 5. Rounds: for each store, read its identity and take its ``COMPACTOR.LOCK``
    the first time it is reached (then hold it for the daemon's whole life),
-   and pass it: :func:`compactor.fold.compact`, or with ``--remote URL``
+   and pass it: :func:`statelog.compaction.fold.compact`, or with ``--remote URL``
    ship, compact, ship (:func:`statelog.remote.ship`; shipping first means
    local retention never deletes a segment the remote lacks, and a ship
    that fails fails the pass before it compacts). Then sleep ``--interval``
@@ -57,16 +57,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import start_http_server
 from prometheus_client.registry import Collector
 
-from statelog import metrics
-from statelog.errors import CompactorLockedError, FencedError, StatelogError, StoreNotFoundError
-from statelog.fileio import FileLayer
-from statelog.layout import StoreLayout
-from statelog.partition import expand_stores
-
-from .fold import compact
-from .lock import CompactorLock
-from .logfmt import LOGGER, KeyValueFormatter, kv
-from .options import (
+from compactor.options import (
     EXIT_BAD_OPTIONS,
     EXIT_FAILED,
     EXIT_FENCED,
@@ -75,6 +66,14 @@ from .options import (
     build_parser,
     parse_args,
 )
+from statelog.compaction.fold import compact
+from statelog.compaction.lock import CompactorLock
+from statelog.compaction.logfmt import LOGGER, KeyValueFormatter, kv
+from statelog.errors import CompactorLockedError, FencedError, StatelogError, StoreNotFoundError
+from statelog.ops import metrics
+from statelog.sharding.partition import expand_stores
+from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import StoreLayout
 
 if TYPE_CHECKING:
     from statelog.remote import RemoteClient
@@ -157,7 +156,7 @@ def _stores(given: Sequence[Path]) -> list[Path] | None:
 
 @contextmanager
 def _metrics_server(args: argparse.Namespace, stores: list[Path] | None = None) -> Iterator[bool]:
-    """Serve :data:`statelog.metrics.REGISTRY` while the daemon runs, if ``--metrics-port``.
+    """Serve :data:`statelog.ops.metrics.REGISTRY` while the daemon runs, if ``--metrics-port``.
 
     Called with the stop signals blocked, so the server's threads never
     take a SIGTERM meant for the main thread. Yields False (after saying

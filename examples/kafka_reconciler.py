@@ -40,7 +40,7 @@ from typing import Any, Literal, Protocol
 import prometheus_client
 
 import statelog
-import statelog.metrics
+import statelog.ops.metrics
 from statelog.sinks import Output, Sink, SinkCommit, SinkedStore, SQLiteSink
 
 __all__ = [
@@ -490,8 +490,8 @@ class ShardedMember:
 
 
 def serve_metrics(port: int, addr: str = "127.0.0.1") -> None:
-    """Serve statelog's Prometheus series (``statelog.metrics.REGISTRY``) over HTTP."""
-    prometheus_client.start_http_server(port, addr=addr, registry=statelog.metrics.REGISTRY)
+    """Serve statelog's Prometheus series (``statelog.ops.metrics.REGISTRY``) over HTTP."""
+    prometheus_client.start_http_server(port, addr=addr, registry=statelog.ops.metrics.REGISTRY)
 
 
 def resnapshot_required(error: statelog.StatelogError) -> int:

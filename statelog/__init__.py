@@ -19,8 +19,7 @@ See ``docs/architecture.md`` for the design and ``docs/format.md`` for the files
 
 import logging as _logging
 
-from . import audit as _audit
-from .errors import (
+from statelog.errors import (
     AuditError,
     CompactorLockedError,
     CorruptionError,
@@ -39,11 +38,12 @@ from .errors import (
     StoreLockedError,
     StoreNotFoundError,
 )
-from .partition import ShardMismatchError
-from .report import Outcome, RecoveryReport, Rejection
-from .sharded import ShardCommitError, ShardedStore, ShardOpenError
-from .store import Durability, StateStore, open
-from .transaction import Transaction
+from statelog.ops import audit as _audit
+from statelog.recovery.report import Outcome, RecoveryReport, Rejection
+from statelog.sharding.partition import ShardMismatchError
+from statelog.sharding.sharded import ShardCommitError, ShardedStore, ShardOpenError
+from statelog.store.store import Durability, StateStore, open
+from statelog.store.transaction import Transaction
 
 __version__ = "0.1.0"
 

@@ -4,13 +4,13 @@ Code that does something an operator must be able to see afterwards (a
 recovery, an integrity mismatch, a truncation, a compaction, a retention
 deletion, a base swap) calls :func:`emit` once, with the store's root and
 plain ``key=value`` fields. Listeners turn events into durable records
-(the audit trail, ``statelog.audit``) and counters (``statelog.metrics``).
+(the audit trail, ``statelog.ops.audit``) and counters (``statelog.ops.metrics``).
 Emitting never raises into the caller: a listener that fails is logged at
 ERROR and the others still run, because losing a metric must never fail a
 recovery or a compaction.
 
 Events are never emitted on the commit path; per-commit counters are kept
-by ``statelog.metrics`` directly.
+by ``statelog.ops.metrics`` directly.
 
 Kinds and their fields (every field is JSON-serialisable):
 

@@ -31,10 +31,10 @@ if __name__ == "__main__":  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import statelog
-from statelog.base import BaseLevel
-from statelog.fileio import AppendFile, Buffer, FileLayer
-from statelog.records import decode_value
-from statelog.snapshot import SnapshotMeta, extract_snapshot
+from statelog.format.records import decode_value
+from statelog.storage.fileio import AppendFile, Buffer, FileLayer
+from statelog.storage.image import BaseLevel
+from statelog.storage.snapshots import SnapshotMeta, extract_snapshot
 
 TABLES = ("default", "other")
 KEYSPACE = 400

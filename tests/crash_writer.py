@@ -41,7 +41,7 @@ from typing import Any, Literal
 import msgspec
 
 import statelog
-from statelog.fileio import AppendFile, Buffer, FileLayer
+from statelog.storage.fileio import AppendFile, Buffer, FileLayer
 
 __all__ = [
     "BLOB_TABLE",

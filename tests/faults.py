@@ -1,6 +1,6 @@
 """A fault-injecting file layer: power loss and I/O errors on demand.
 
-:class:`FaultyFiles` is a :class:`statelog.fileio.FileLayer` that makes the
+:class:`FaultyFiles` is a :class:`statelog.storage.fileio.FileLayer` that makes the
 real system calls (fsyncs only on request: the model, not the kernel,
 decides what survives) and, beside them, keeps a small model of what a disk
 would still hold after the power went off. It does two things.
@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import statelog
-from statelog.fileio import AppendFile, Buffer, FileLayer
+from statelog.storage.fileio import AppendFile, Buffer, FileLayer
 
 __all__ = [
     "CrashMode",

@@ -16,8 +16,8 @@ from typing import Any
 import crc32c
 
 import statelog
-from statelog.recovery import list_segments
-from statelog.wal_format import FRAME_HEADER, FRAME_HEADER_SIZE, HEADER_SIZE, frame_crc, padding
+from statelog.format.wal import FRAME_HEADER, FRAME_HEADER_SIZE, HEADER_SIZE, frame_crc, padding
+from statelog.log.segments import list_segments
 
 
 def segments(store: Path) -> list[Path]:

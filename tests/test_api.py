@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import statelog
-from statelog.wal_reader import scan_segment
+from statelog.log.reader import scan_segment
 from tests.helpers import segments
 
 REPO = Path(__file__).resolve().parent.parent

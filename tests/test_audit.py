@@ -3,7 +3,7 @@
 Each row of the tamper table builds a five-entry trail, damages it with a
 small helper, and states exactly which problems ``verify`` must name. The
 hashes the helpers recompute follow ``docs/format.md``, independently of
-``statelog.audit``, so a drift between the code and the spec fails here.
+``statelog.ops.audit``, so a drift between the code and the spec fails here.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ import msgspec
 import pytest
 
 import statelog
-from statelog import audit, events
-from statelog.audit import AuditInputError, AuditTrail
+from statelog import events
 from statelog.errors import AuditError
-from statelog.fileio import FileLayer
+from statelog.ops import audit
+from statelog.ops.audit import AuditInputError, AuditTrail
+from statelog.storage.fileio import FileLayer
 from tests.faults import FaultyFiles
 
 

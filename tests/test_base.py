@@ -8,10 +8,10 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from statelog.base import Base, BaseLevel, EmptyBase, ImageBuilder, decode_key, encode_key
 from statelog.errors import CorruptionError, StoreClosedError
-from statelog.records import encode_value
-from statelog.state import Key, LiveState
+from statelog.format.records import encode_value
+from statelog.state.live import Key, LiveState
+from statelog.storage.image import Base, BaseLevel, EmptyBase, ImageBuilder, decode_key, encode_key
 
 KEYS: list[Key] = [b"", b"\x00", b"\xff", b"a", b"ab", "", "a", "ab", "b", "\x7f", "é", "€", "𝄞"]
 

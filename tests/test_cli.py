@@ -274,7 +274,7 @@ def test_compact_walks_past_a_damaged_snapshot_and_says_so(
 def test_audit_verify_exits_non_zero_on_a_tampered_trail(
     stores: dict[str, Path], tmp_path: Path
 ) -> None:
-    from statelog.audit import AuditTrail
+    from statelog.ops.audit import AuditTrail
 
     store = tmp_path / "s"
     shutil.copytree(stores["clean"], store)

@@ -27,12 +27,12 @@ import pytest
 import statelog
 from compactor import SCRATCH_DIR, CompactionResult, CompactorLock, compact
 from statelog.errors import CompactorLockedError, InvalidOptionError, StoreNotFoundError
-from statelog.fileio import FileLayer
-from statelog.ladder import check_link
-from statelog.pins import pin
-from statelog.recovery import list_segments
-from statelog.snapshot import list_snapshots, verify_snapshot
-from statelog.wal_format import mask
+from statelog.format.wal import mask
+from statelog.log.segments import list_segments
+from statelog.recovery.ladder import check_link
+from statelog.storage.fileio import FileLayer
+from statelog.storage.pins import pin
+from statelog.storage.snapshots import list_snapshots, verify_snapshot
 from tests.compactor_stream import (
     assert_snapshot_is_model,
     commit,

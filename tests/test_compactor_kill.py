@@ -42,8 +42,8 @@ from pathlib import Path
 import pytest
 
 from compactor import SCRATCH_DIR
-from statelog.fileio import FileLayer
-from statelog.snapshot import list_snapshots, verify_snapshot
+from statelog.storage.fileio import FileLayer
+from statelog.storage.snapshots import list_snapshots, verify_snapshot
 from tests.compactor_stream import apply as apply_commit
 from tests.compactor_stream import comparable, empty_model, model_at, snapshot_model
 from tests.test_compactor import PY, REPO, run_cli, wait_for

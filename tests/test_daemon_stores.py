@@ -25,8 +25,8 @@ from pathlib import Path
 
 import statelog
 from compactor import CompactorLock
-from statelog.sharded import ShardedStore
-from statelog.snapshot import list_snapshots
+from statelog.sharding.sharded import ShardedStore
+from statelog.storage.snapshots import list_snapshots
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_PY = REPO / ".venv" / "bin" / "python"

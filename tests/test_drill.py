@@ -32,7 +32,7 @@ from statelog.cli.drill_writer import (
     origin_of,
 )
 from statelog.cli.output import EXIT_USAGE
-from statelog.snapshot import list_snapshots
+from statelog.storage.snapshots import list_snapshots
 
 REPO = Path(__file__).resolve().parent.parent
 

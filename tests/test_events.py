@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 import statelog
-from compactor.fold import compact
 from statelog import events
+from statelog.compaction.fold import compact
 from statelog.events import Event
 from tests.helpers import build_store, flip_bit, segments, simple_commits
 

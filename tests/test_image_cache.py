@@ -1,4 +1,4 @@
-"""Reusing an extracted base image across restarts (``statelog.image_cache``).
+"""Reusing an extracted base image across restarts (``statelog.recovery.image_cache``).
 
 | what the restart finds in ``base/``                | expected                                 |
 |----------------------------------------------------|------------------------------------------|
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import statelog
-from compactor.fold import compact
-from statelog.image_cache import STAMP_SUFFIX
+from statelog.compaction.fold import compact
+from statelog.recovery.image_cache import STAMP_SUFFIX
 from tests.helpers import build_store, flip_bit, model_at, simple_commits, snapshot_of
 
 
@@ -40,7 +40,8 @@ def images(store: Path) -> list[Path]:
 
 def reopen(store: Path, caplog: pytest.LogCaptureFixture) -> tuple[statelog.RecoveryReport, bool]:
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="statelog.recovery"), statelog.open(store) as s:
+    replay_log = "statelog.recovery.replay"
+    with caplog.at_level(logging.INFO, logger=replay_log), statelog.open(store) as s:
         report = s.recovery
         state = snapshot_of(s)
     reused = "event=image_reused" in caplog.text

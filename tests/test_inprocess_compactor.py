@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import statelog
-from compactor.lock import CompactorLock
-from statelog.snapshot import list_snapshots
+from statelog.compaction.lock import CompactorLock
+from statelog.storage.snapshots import list_snapshots
 
 
 @pytest.mark.parametrize("mode", ["thread", "process"])
@@ -96,7 +96,7 @@ def test_compactor_process_that_finds_a_daemon_is_reported(
     daemon_lock = CompactorLock(store_path)  # stands in for a running daemon
     try:
         with (
-            caplog.at_level("WARNING", logger="statelog.store"),
+            caplog.at_level("WARNING", logger="statelog.store.store"),
             statelog.open(store_path, compactor="process") as store,
         ):
             proc = store._compactor._proc  # type: ignore[union-attr]

@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 
 import statelog
-from statelog.base import ImageBuilder
-from statelog.fileio import FileLayer
-from statelog.recovery import list_segments
-from statelog.snapshot import SnapshotMeta, list_snapshots, write_snapshot
-from statelog.wal_reader import scan_segment
+from statelog.log.reader import scan_segment
+from statelog.log.segments import list_segments
+from statelog.storage.fileio import FileLayer
+from statelog.storage.image import ImageBuilder
+from statelog.storage.snapshots import SnapshotMeta, list_snapshots, write_snapshot
 from tests.helpers import build_store, flip_bit, model_at, simple_commits, snapshot_of
 
 

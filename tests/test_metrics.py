@@ -24,11 +24,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import statelog
 from compactor import compact
-from statelog import events, metrics
+from statelog import events
 from statelog.errors import InvalidCommitError, StorageError
-from statelog.recovery import list_segments
-from statelog.snapshot import list_snapshots
-from statelog.wal_format import HEADER_SIZE
+from statelog.format.wal import HEADER_SIZE
+from statelog.log.segments import list_segments
+from statelog.ops import metrics
+from statelog.storage.snapshots import list_snapshots
 from tests.faults import FaultyFiles
 from tests.helpers import flip_bit, frames, poke, segments, truncate, zero_fill
 

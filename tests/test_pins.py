@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import statelog
-from statelog.pins import ALL, PIN_DIR, pin, pinned_names, retention_guard
+from statelog.storage.pins import ALL, PIN_DIR, pin, pinned_names, retention_guard
 
 
 def test_a_held_pin_names_its_files(tmp_path: Path) -> None:
@@ -33,7 +33,7 @@ def test_a_held_pin_names_its_files(tmp_path: Path) -> None:
 
 def test_pin_of_a_dead_process_is_stale_and_removed(tmp_path: Path) -> None:
     code = (
-        "import os, signal, sys; from pathlib import Path; from statelog.pins import pin\n"
+        "import os, signal, sys; from pathlib import Path; from statelog.storage.pins import pin\n"
         "with pin(Path(sys.argv[1]), ['wal/x.wal'], purpose='dies'):\n"
         "    print('pinned', flush=True); os.kill(os.getpid(), signal.SIGKILL)\n"
     )
@@ -80,7 +80,7 @@ def test_a_pin_waits_for_a_retention_in_progress(tmp_path: Path) -> None:
 def test_read_only_recovery_pins_what_it_reads_when_pins_exist(
     store_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from statelog import ladder
+    from statelog.recovery import ladder
     from tests.helpers import build_store, segments, simple_commits
 
     build_store(store_path, simple_commits(4))  # a writer open made pins/

@@ -29,7 +29,7 @@ import msgspec
 import pytest
 
 import statelog
-from compactor.fold import compact
+from statelog.compaction.fold import compact
 from statelog.errors import NotAStoreError, ResnapshotRequired
 from statelog.remote import (
     ObjectExistsError,
@@ -143,8 +143,8 @@ def test_damaged_newest_remote_snapshot_is_walked_past(
 
 
 def res_id(store: Path) -> Any:
-    from statelog.fileio import FileLayer
-    from statelog.layout import StoreLayout
+    from statelog.storage.fileio import FileLayer
+    from statelog.storage.layout import StoreLayout
 
     return StoreLayout(store).read_identity(FileLayer())
 

@@ -31,8 +31,6 @@ import pytest
 
 import statelog
 from statelog.errors import FencedError
-from statelog.fileio import FileLayer
-from statelog.layout import StoreLayout
 from statelog.remote import (
     acquire,
     apply_remote_retention,
@@ -44,6 +42,8 @@ from statelog.remote import (
 )
 from statelog.remote.record import load_record
 from statelog.remote.ship import header_generation
+from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import StoreLayout
 from tests.s3server import Remote, remote, s3  # noqa: F401
 from tests.test_remote import SEG, commit_range, state_of
 from tests.test_remote_wiring import generation, stamp, wal
@@ -100,7 +100,7 @@ def test_segment_written_by_a_stale_generation_is_refused(
     commit_range(b, 200, 260)
     seg = sorted((b / "wal").glob("*.wal"))[-1]
     data = bytearray(seg.read_bytes())
-    from statelog.wal_format import SegmentHeader
+    from statelog.format.wal import SegmentHeader
 
     # As the writer will once it records generations: generation 1 in the
     # reserved bytes, header crc recomputed.
@@ -110,7 +110,7 @@ def test_segment_written_by_a_stale_generation_is_refused(
     packed[52:60] = data[52:60]
     import crc32c
 
-    from statelog.wal_format import mask
+    from statelog.format.wal import mask
 
     struct.pack_into("<I", packed, 60, mask(crc32c.crc32c(bytes(packed[:60]))))
     data[:64] = packed

@@ -43,11 +43,11 @@ import pytest
 import statelog
 import statelog.cli
 from compactor import compact, daemon
-from statelog import metrics
 from statelog.errors import CorruptionError, FencedError, InvalidOptionError
+from statelog.format.wal import SegmentHeader, mask
+from statelog.ops import metrics
+from statelog.recovery.report import Outcome
 from statelog.remote import RemoteConfigError, read_manifest, restore, ship
-from statelog.report import Outcome
-from statelog.wal_format import SegmentHeader, mask
 from tests.s3server import Remote, remote, s3  # noqa: F401
 from tests.test_remote import commit_range, res_id, state_of
 

@@ -35,11 +35,11 @@ from typing import Any
 import pytest
 
 import statelog
-from compactor.fold import compact
-from statelog.partition import ShardManifest, ShardMismatchError, source_shard
-from statelog.recovery import list_segments
-from statelog.sharded import ShardCommitError, ShardedStore, ShardOpenError, expand_stores
-from statelog.snapshot import list_snapshots
+from statelog.compaction.fold import compact
+from statelog.log.segments import list_segments
+from statelog.sharding.partition import ShardManifest, ShardMismatchError, source_shard
+from statelog.sharding.sharded import ShardCommitError, ShardedStore, ShardOpenError, expand_stores
+from statelog.storage.snapshots import list_snapshots
 from tests.helpers import flip_bit, frames, segments
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,7 +127,8 @@ def test_hash_routing_is_the_fixed_table() -> None:
 
 def test_hash_routing_is_the_same_in_another_process_and_hash_seed() -> None:
     code = (
-        "from statelog.partition import ShardManifest\nfrom tests.test_sharded import KEYS\n"
+        "from statelog.sharding.partition import ShardManifest\n"
+        "from tests.test_sharded import KEYS\n"
         "print([ShardManifest.build(4, 'hash', None).shard_for(k) for k in KEYS])"
     )
     for seed in ("1", "12345"):

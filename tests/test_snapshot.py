@@ -22,12 +22,13 @@ import msgspec
 import pytest
 import zstandard
 
-import statelog.snapshot as snapshot_mod
-from statelog.base import BaseLevel, ImageBuilder
+import statelog.storage.snapshots as snapshot_mod
 from statelog.errors import CorruptionError, FormatVersionError
-from statelog.fileio import FileLayer
-from statelog.records import encode_value
-from statelog.snapshot import (
+from statelog.format.records import encode_value
+from statelog.state.live import Key, LiveState
+from statelog.storage.fileio import FileLayer
+from statelog.storage.image import BaseLevel, ImageBuilder
+from statelog.storage.snapshots import (
     SnapshotMeta,
     extract_snapshot,
     list_snapshots,
@@ -36,7 +37,6 @@ from statelog.snapshot import (
     verify_snapshot,
     write_snapshot,
 )
-from statelog.state import Key, LiveState
 from tests.faults import CrashMode, FaultyFiles
 from tests.helpers import flip_bit, poke, truncate
 

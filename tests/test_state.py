@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from statelog.base import BaseLevel, ImageBuilder
-from statelog.records import encode_value
-from statelog.state import MAX_GENERATIONS, LiveState
+from statelog.format.records import encode_value
+from statelog.state.live import MAX_GENERATIONS, LiveState
+from statelog.storage.image import BaseLevel, ImageBuilder
 
 
 def test_delete_survives_a_generation_merge_and_a_later_swap(tmp_path: Path) -> None:
@@ -40,7 +40,7 @@ import tempfile  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from statelog.state import Key  # noqa: E402
+from statelog.state.live import Key  # noqa: E402
 
 _keys = st.one_of(st.sampled_from(["a", "ab", "abc", "b", "ba"]), st.sampled_from([b"a", b"ab"]))
 _ops = st.lists(

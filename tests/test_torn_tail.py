@@ -23,7 +23,7 @@ import pytest
 
 import statelog
 from statelog import Outcome
-from statelog.wal_format import FrameType
+from statelog.format.wal import FrameType
 from tests.helpers import (
     Commit,
     build_store,

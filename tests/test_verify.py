@@ -30,8 +30,8 @@ import pytest
 
 import statelog
 from compactor import compact
-from statelog.verify import Verdict, verify_store
-from statelog.wal_format import mask
+from statelog.format.wal import mask
+from statelog.ops.verify import Verdict, verify_store
 from tests.helpers import flip_bit, frames, segments, truncate
 
 SEG = 4096  # the smallest segment: a few dozen commits each

@@ -28,7 +28,7 @@ import pytest
 
 import statelog
 from statelog import Outcome, RecoveryReport
-from statelog.wal_format import FRAME_HEADER_SIZE, HEADER_SIZE, FrameType, mask, segment_name
+from statelog.format.wal import FRAME_HEADER_SIZE, HEADER_SIZE, FrameType, mask, segment_name
 from tests.helpers import (
     Commit,
     FrameInfo,

@@ -1,8 +1,8 @@
 """Unit tests of the WAL byte layout and the segment reader, on bytes the real writer wrote.
 
-Covers :mod:`statelog.wal_format` (crc masking, frame alignment, the segment
-header, segment names) and :func:`statelog.wal_reader.scan_segment` /
-:func:`statelog.wal_reader.salvage_frames` (what is a record, what is clean,
+Covers :mod:`statelog.format.wal` (crc masking, frame alignment, the segment
+header, segment names) and :func:`statelog.log.reader.scan_segment` /
+:func:`statelog.log.reader.salvage_frames` (what is a record, what is clean,
 torn or corrupt), without any store or recovery policy on top.
 """
 
@@ -18,8 +18,7 @@ import crc32c
 import pytest
 
 from statelog.errors import FormatVersionError
-from statelog.fileio import FileLayer
-from statelog.wal_format import (
+from statelog.format.wal import (
     FRAME_HEADER,
     FRAME_HEADER_SIZE,
     HEADER_SIZE,
@@ -34,8 +33,9 @@ from statelog.wal_format import (
     segment_name,
     unmask,
 )
-from statelog.wal_reader import SegmentScan, StopKind, salvage_frames, scan_segment
-from statelog.wal_writer import WalWriter
+from statelog.log.reader import SegmentScan, StopKind, salvage_frames, scan_segment
+from statelog.log.writer import WalWriter
+from statelog.storage.fileio import FileLayer
 from tests.helpers import frames
 
 STORE = uuid.UUID("0b5e55ed-0000-4000-8000-000000000001")

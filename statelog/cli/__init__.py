@@ -13,8 +13,8 @@ import os
 import sys
 from collections.abc import Callable
 
-from . import audit, compact, drill, dump, inspect, recover, restore, verify
-from .output import EXIT_CODES_HELP, EXIT_USAGE, CliParser, say_error
+from statelog.cli import audit, compact, drill, dump, inspect, recover, restore, verify
+from statelog.cli.output import EXIT_CODES_HELP, EXIT_USAGE, CliParser, say_error
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a reader that left
 
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _setup_logging(verbose: int) -> logging.Handler | None:
     if not verbose:
         return None
-    from compactor.logfmt import KeyValueFormatter
+    from statelog.compaction.logfmt import KeyValueFormatter
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(KeyValueFormatter())

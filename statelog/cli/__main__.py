@@ -1,5 +1,5 @@
 """``python -m statelog.cli``: the ``statelog`` command."""
 
-from . import main
+from statelog.cli import main
 
 raise SystemExit(main())

@@ -1,6 +1,6 @@
 """``statelog audit STORE [--verify]``: list the audit trail, or check its hash chain.
 
-The trail is :class:`statelog.audit.AuditTrail` (``AUDIT.log`` and
+The trail is :class:`statelog.ops.audit.AuditTrail` (``AUDIT.log`` and
 ``AUDIT.head``). Listing reads the entries without checking them;
 ``--verify`` re-hashes every entry, checks the chain from the store's
 genesis value and the anchor, and exits 1 on any problem (an edit, a
@@ -13,11 +13,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from statelog.audit import AuditTrail
-from statelog.fileio import FileLayer
-from statelog.layout import StoreLayout
-
-from .output import EXIT_DAMAGED, EXIT_OK, print_json
+from statelog.cli.output import EXIT_DAMAGED, EXIT_OK, print_json
+from statelog.ops.audit import AuditTrail
+from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import StoreLayout
 
 __all__ = ["add_parser", "run"]
 

@@ -1,6 +1,6 @@
 """``statelog compact STORE``: one compaction pass, the code the daemon's ``--once`` runs.
 
-The pass is :func:`compactor.fold.compact`, called as the daemon calls it;
+The pass is :func:`statelog.compaction.fold.compact`, called as the daemon calls it;
 this module only parses the options and tells the result. Ctrl-C asks the
 pass to stop at its next checkpoint (a snapshot being written is finished
 first: it is atomic), as SIGINT does for the daemon.
@@ -16,11 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from compactor.fold import CompactionResult, compact
-from statelog.fileio import FileLayer
-from statelog.layout import StoreLayout
-
-from .output import (
+from statelog.cli.output import (
     EXIT_DAMAGED,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -30,6 +26,9 @@ from .output import (
     progress,
     size_arg,
 )
+from statelog.compaction.fold import CompactionResult, compact
+from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import StoreLayout
 
 __all__ = ["add_parser", "run"]
 

@@ -29,13 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import statelog
+from statelog.cli.drill_rounds import Drill, RoundResult, verifies
+from statelog.cli.drill_writer import APPLIED, BUFFER, Origin, origin_of
+from statelog.cli.output import EXIT_OK, EXIT_USAGE, print_json, say_error
 from statelog.errors import StatelogError
-from statelog.layout import IDENTITY
-from statelog.snapshot import list_snapshots, parse_snapshot_name
-
-from .drill_rounds import Drill, RoundResult, verifies
-from .drill_writer import APPLIED, BUFFER, Origin, origin_of
-from .output import EXIT_OK, EXIT_USAGE, print_json, say_error
+from statelog.storage.layout import IDENTITY
+from statelog.storage.snapshots import list_snapshots, parse_snapshot_name
 
 __all__ = ["EXIT_FAILED", "KINDS", "RoundResult", "add_parser", "run"]
 

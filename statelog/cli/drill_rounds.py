@@ -32,13 +32,12 @@ from pathlib import Path
 from typing import IO, Any
 
 import statelog
+from statelog.cli.drill_writer import Model, Origin, check_state, origin_of
 from statelog.errors import StatelogError
-from statelog.fileio import FileLayer
-from statelog.recovery import list_segments
-from statelog.report import Outcome, RecoveryReport
-from statelog.snapshot import list_snapshots, parse_snapshot_name, verify_snapshot
-
-from .drill_writer import Model, Origin, check_state, origin_of
+from statelog.log.segments import list_segments
+from statelog.recovery.report import Outcome, RecoveryReport
+from statelog.storage.fileio import FileLayer
+from statelog.storage.snapshots import list_snapshots, parse_snapshot_name, verify_snapshot
 
 __all__ = ["Drill", "RoundResult", "verifies"]
 

@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any
 
 import statelog
-from compactor.fold import compact
-from statelog.fileio import AppendFile, Buffer, FileLayer
+from statelog.compaction.fold import compact
+from statelog.storage.fileio import AppendFile, Buffer, FileLayer
 
 __all__ = [
     "APPLIED",

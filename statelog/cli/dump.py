@@ -14,10 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from statelog.cli.output import EXIT_OK
 from statelog.errors import InvalidOptionError
-from statelog.store import open as open_store
-
-from .output import EXIT_OK
+from statelog.store.store import open as open_store
 
 __all__ = ["add_parser", "jsonable", "run"]
 

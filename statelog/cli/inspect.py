@@ -18,15 +18,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from compactor.tail import list_segment_infos, peek_seal
+from statelog.cli.output import (
+    EXIT_DAMAGED,
+    EXIT_OK,
+    EXIT_UNRECOVERABLE,
+    fmt_age,
+    fmt_bytes,
+    print_json,
+)
+from statelog.compaction.tail import list_segment_infos, peek_seal
 from statelog.errors import CorruptionError, FormatVersionError, ResnapshotRequired
-from statelog.fileio import FileLayer
-from statelog.ladder import check_link
-from statelog.layout import StoreLayout
-from statelog.snapshot import list_snapshots, verify_snapshot
-from statelog.store import open as open_store
-
-from .output import EXIT_DAMAGED, EXIT_OK, EXIT_UNRECOVERABLE, fmt_age, fmt_bytes, print_json
+from statelog.recovery.ladder import check_link
+from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import StoreLayout
+from statelog.storage.snapshots import list_snapshots, verify_snapshot
+from statelog.store.store import open as open_store
 
 __all__ = ["add_parser", "lock_holder", "run"]
 

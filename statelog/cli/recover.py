@@ -2,7 +2,7 @@
 
 ``--dry-run`` climbs the recovery ladder read-only (``statelog.open(path,
 readonly=True)``), which changes nothing on disk, and turns its
-:class:`~statelog.report.RecoveryReport` into a plan: the snapshot it would
+:class:`~statelog.recovery.report.RecoveryReport` into a plan: the snapshot it would
 use, those it would reject and why, the LSNs it would replay, what it
 would cut or move aside (and under which evidence name), and the epochs
 that would be lost. Without ``--dry-run`` the store is opened as its
@@ -15,13 +15,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from statelog.cli.output import EXIT_DAMAGED, EXIT_OK, EXIT_UNRECOVERABLE, print_json
 from statelog.errors import ResnapshotRequired
-from statelog.recovery import aside_path
-from statelog.report import Outcome, RecoveryReport
-from statelog.snapshot import parse_snapshot_name
-from statelog.store import open as open_store
-
-from .output import EXIT_DAMAGED, EXIT_OK, EXIT_UNRECOVERABLE, print_json
+from statelog.recovery.damage import aside_path
+from statelog.recovery.report import Outcome, RecoveryReport
+from statelog.storage.snapshots import parse_snapshot_name
+from statelog.store.store import open as open_store
 
 __all__ = ["add_parser", "plan", "run"]
 

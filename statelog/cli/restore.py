@@ -28,9 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from statelog.errors import ResnapshotRequired
-
-from .output import (
+from statelog.cli.output import (
     EXIT_DAMAGED,
     EXIT_OK,
     EXIT_UNRECOVERABLE,
@@ -39,6 +37,7 @@ from .output import (
     print_json,
     say_error,
 )
+from statelog.errors import ResnapshotRequired
 
 __all__ = ["add_parser", "run"]
 

@@ -1,6 +1,6 @@
 """``statelog verify STORE``: every snapshot re-hashed, every record checked; exit 0, 1 or 2.
 
-The work is :func:`statelog.verify.verify_store`; this module prints its
+The work is :func:`statelog.ops.verify.verify_store`; this module prints its
 report and maps the verdict to the exit status: 0 clean, 1 damage found
 but recoverable, 2 a re-snapshot is required.
 """
@@ -11,10 +11,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from statelog.verify import Verdict, VerifyReport, verify_store
-
-from .inspect import lock_holder
-from .output import EXIT_DAMAGED, EXIT_OK, EXIT_UNRECOVERABLE, fmt_bytes, print_json, progress
+from statelog.cli.inspect import lock_holder
+from statelog.cli.output import (
+    EXIT_DAMAGED,
+    EXIT_OK,
+    EXIT_UNRECOVERABLE,
+    fmt_bytes,
+    print_json,
+    progress,
+)
+from statelog.ops.verify import Verdict, VerifyReport, verify_store
 
 __all__ = ["add_parser", "run"]
 

@@ -8,9 +8,9 @@ See ``docs/remote.md``. The entry points::
     restore("s3://bucket/shard-07", Path("/new/state"))   # on a fresh host
 """
 
-from .attach import acquire, check, claim, restore_if_empty, take_over
-from .client import RemoteClient, RetryPolicy
-from .errors import (
+from statelog.remote.attach import acquire, check, claim, restore_if_empty, take_over
+from statelog.remote.client import RemoteClient, RetryPolicy
+from statelog.remote.errors import (
     ConditionFailedError,
     ObjectExistsError,
     RemoteConfigError,
@@ -18,13 +18,13 @@ from .errors import (
     RemoteNotFoundError,
     RemoteUnavailableError,
 )
-from .lag import Lag, LagCollector, lag
-from .manifest import Manifest, read_manifest
-from .record import load_record
-from .restore import RestoreResult, find_store, restore
-from .retention import RemoteRetentionResult, apply_remote_retention
-from .ship import ShipResult, ship
-from .url import RemoteConfig, parse_remote_url
+from statelog.remote.lag import Lag, LagCollector, lag
+from statelog.remote.manifest import Manifest, read_manifest
+from statelog.remote.record import load_record
+from statelog.remote.restore import RestoreResult, find_store, restore
+from statelog.remote.retention import RemoteRetentionResult, apply_remote_retention
+from statelog.remote.ship import ShipResult, ship
+from statelog.remote.url import RemoteConfig, parse_remote_url
 
 __all__ = [
     "ConditionFailedError",

@@ -30,17 +30,16 @@ from pathlib import Path
 import msgspec
 
 from statelog.errors import FencedError
-from statelog.fileio import FileLayer
-from statelog.layout import WAL_DIR, StoreLayout
-from statelog.recovery import list_segments
-
-from .client import RemoteClient
-from .errors import RemoteNotFoundError
-from .manifest import acquire as _acquire
-from .manifest import check as _check
-from .manifest import create_first, created_by, read_manifest
-from .record import ShipRecord, load_record, origin_of, update_record
-from .restore import RestoreResult, find_store, restore
+from statelog.log.segments import list_segments
+from statelog.remote.client import RemoteClient
+from statelog.remote.errors import RemoteNotFoundError
+from statelog.remote.manifest import acquire as _acquire
+from statelog.remote.manifest import check as _check
+from statelog.remote.manifest import create_first, created_by, read_manifest
+from statelog.remote.record import ShipRecord, load_record, origin_of, update_record
+from statelog.remote.restore import RestoreResult, find_store, restore
+from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import WAL_DIR, StoreLayout
 
 __all__ = ["acquire", "check", "claim", "restore_if_empty", "take_over"]
 

@@ -38,15 +38,14 @@ from obstore.exceptions import (
 from obstore.store import S3Store
 
 from statelog.errors import RemoteError
-
-from .errors import (
+from statelog.remote.errors import (
     ConditionFailedError,
     ObjectExistsError,
     RemoteConfigError,
     RemoteNotFoundError,
     RemoteUnavailableError,
 )
-from .url import RemoteConfig, parse_remote_url
+from statelog.remote.url import RemoteConfig, parse_remote_url
 
 if TYPE_CHECKING:
     from obstore import Attributes

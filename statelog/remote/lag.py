@@ -17,12 +17,11 @@ from pathlib import Path
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from statelog.layout import SNAPSHOT_DIR, WAL_DIR
-from statelog.recovery import list_segments
-from statelog.snapshot import list_snapshots
-from statelog.wal_reader import peek_seal
-
-from .record import load_record
+from statelog.log.reader import peek_seal
+from statelog.log.segments import list_segments
+from statelog.remote.record import load_record
+from statelog.storage.layout import SNAPSHOT_DIR, WAL_DIR
+from statelog.storage.snapshots import list_snapshots
 
 __all__ = ["Lag", "LagCollector", "lag"]
 

@@ -43,10 +43,9 @@ from dataclasses import dataclass
 import msgspec
 
 from statelog.errors import FencedError, RemoteError
-
-from .client import RemoteClient
-from .errors import ConditionFailedError, RemoteIntegrityError, RemoteNotFoundError
-from .url import StoreKeys
+from statelog.remote.client import RemoteClient
+from statelog.remote.errors import ConditionFailedError, RemoteIntegrityError, RemoteNotFoundError
+from statelog.remote.url import StoreKeys
 
 __all__ = [
     "FORMAT",

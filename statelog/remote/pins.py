@@ -26,9 +26,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
-from .client import RemoteClient
-from .errors import RemoteNotFoundError
-from .url import StoreKeys
+from statelog.remote.client import RemoteClient
+from statelog.remote.errors import RemoteNotFoundError
+from statelog.remote.url import StoreKeys
 
 __all__ = ["ALL", "CLOCK_SKEW", "RemotePin", "live_pinned_keys", "remote_pin"]
 

@@ -1,6 +1,6 @@
 """Planning a restore from the manifest alone: which snapshot, which segments, which epoch.
 
-The ladder's rules (:mod:`statelog.ladder`), applied to the index instead
+The ladder's rules (:mod:`statelog.recovery.ladder`), applied to the index instead
 of a directory: a snapshot is usable if the log continues from it (the
 first segment after its LSN starts at LSN + 1 with a header chained to the
 snapshot's ``chain``), or if the log simply ends at it. Segments are
@@ -16,7 +16,7 @@ import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from .manifest import Entry, Manifest
+from statelog.remote.manifest import Entry, Manifest
 
 __all__ = ["Plan", "follow_chain", "plan_restore"]
 

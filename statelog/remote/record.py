@@ -26,8 +26,8 @@ from pathlib import Path
 import msgspec
 
 from statelog.errors import CorruptionError
-from statelog.fileio import FileLayer
-from statelog.layout import IDENTITY
+from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import IDENTITY
 
 __all__ = [
     "RECORD",

@@ -48,18 +48,17 @@ from statelog.errors import (
     RemoteError,
     ResnapshotRequired,
 )
-from statelog.fileio import FileLayer
-from statelog.layout import IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
-from statelog.snapshot import verify_snapshot
-from statelog.wal_reader import StopKind, scan_segment
-
-from .client import SHA256_ATTR, RemoteClient
-from .errors import RemoteIntegrityError, RemoteNotFoundError
-from .manifest import Entry, Manifest, acquire, read_manifest
-from .pins import remote_pin
-from .plan import plan_restore
-from .record import Shipped, ShipRecord, save_record
-from .url import StoreKeys
+from statelog.log.reader import StopKind, scan_segment
+from statelog.remote.client import SHA256_ATTR, RemoteClient
+from statelog.remote.errors import RemoteIntegrityError, RemoteNotFoundError
+from statelog.remote.manifest import Entry, Manifest, acquire, read_manifest
+from statelog.remote.pins import remote_pin
+from statelog.remote.plan import plan_restore
+from statelog.remote.record import Shipped, ShipRecord, save_record
+from statelog.remote.url import StoreKeys
+from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
+from statelog.storage.snapshots import verify_snapshot
 
 __all__ = ["RestoreResult", "find_store", "restore"]
 
@@ -322,7 +321,7 @@ def _segment_ok(
 
 def _check_recovers(root: Path, epoch: int) -> None:
     """Recover the staging copy read-only; it must reach ``epoch`` exactly."""
-    from statelog.store import StateStore  # the store imports this package
+    from statelog.store.store import StateStore  # the store imports this package
 
     with StateStore(root, readonly=True) as s:
         got = s.epoch

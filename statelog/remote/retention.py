@@ -1,6 +1,6 @@
 """Remote retention: mirror local retention on the object store, honouring remote pins.
 
-Rules, the local ones (:mod:`compactor.retention`) applied to the manifest:
+Rules, the local ones (:mod:`statelog.compaction.retention`) applied to the manifest:
 
 * keep the ``retain`` newest snapshots listed; older ones go;
 * keep every segment a replay from the oldest kept snapshot needs, and the
@@ -31,10 +31,9 @@ from dataclasses import dataclass
 import msgspec
 
 from statelog.errors import InvalidOptionError
-
-from .client import RemoteClient
-from .manifest import Manifest, commit
-from .pins import ALL, live_pinned_keys
+from statelog.remote.client import RemoteClient
+from statelog.remote.manifest import Manifest, commit
+from statelog.remote.pins import ALL, live_pinned_keys
 
 __all__ = ["RemoteRetentionResult", "apply_remote_retention"]
 

@@ -49,20 +49,26 @@ from pathlib import Path
 import msgspec
 
 from statelog.errors import CorruptionError, FencedError, FormatVersionError, RemoteError
-from statelog.fileio import FileLayer
-from statelog.layout import IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
-from statelog.recovery import list_segments
-from statelog.snapshot import list_snapshots, verify_snapshot
-from statelog.wal_format import HEADER_SIZE, SegmentHeader
-from statelog.wal_reader import StopKind, peek_seal, scan_segment
-
-from .client import RemoteClient
-from .errors import ObjectExistsError, RemoteNotFoundError
-from .manifest import Entry, Manifest, commit, create_first, created_by, read_manifest
-from .plan import plan_restore
-from .record import Shipped, ShipRecord, load_record, origin_of, update_record
-from .retention import RemoteRetentionResult, apply_remote_retention
-from .url import StoreKeys
+from statelog.format.wal import HEADER_SIZE, SegmentHeader
+from statelog.log.reader import StopKind, peek_seal, scan_segment
+from statelog.log.segments import list_segments
+from statelog.remote.client import RemoteClient
+from statelog.remote.errors import ObjectExistsError, RemoteNotFoundError
+from statelog.remote.manifest import (
+    Entry,
+    Manifest,
+    commit,
+    create_first,
+    created_by,
+    read_manifest,
+)
+from statelog.remote.plan import plan_restore
+from statelog.remote.record import Shipped, ShipRecord, load_record, origin_of, update_record
+from statelog.remote.retention import RemoteRetentionResult, apply_remote_retention
+from statelog.remote.url import StoreKeys
+from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
+from statelog.storage.snapshots import list_snapshots, verify_snapshot
 
 __all__ = ["ShipResult", "header_generation", "ship"]
 

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from .errors import RemoteConfigError
+from statelog.remote.errors import RemoteConfigError
 
 __all__ = ["RemoteConfig", "StoreKeys", "parse_remote_url"]
 

@@ -20,10 +20,10 @@ A crash between the sink write and the statelog commit, or a walk-back to
 an older epoch, replays into the sink as a no-op. See ``docs/sinks.md``.
 """
 
-from .base import InvalidOutputError, Output, Row, Sink, TransactionalSink
-from .postgres import PostgresSink
-from .sinked import MARKS_PREFIX, SinkCommit, SinkedStore, SinkTransaction
-from .sqlite import SQLiteSink
+from statelog.sinks.base import InvalidOutputError, Output, Row, Sink, TransactionalSink
+from statelog.sinks.postgres import PostgresSink
+from statelog.sinks.sinked import MARKS_PREFIX, SinkCommit, SinkedStore, SinkTransaction
+from statelog.sinks.sqlite import SQLiteSink
 
 __all__ = [
     "MARKS_PREFIX",

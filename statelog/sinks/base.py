@@ -23,7 +23,7 @@ from typing import Any, Protocol, Self, runtime_checkable
 
 import msgspec
 
-from ..errors import SinkError
+from statelog.errors import SinkError
 
 __all__ = [
     "MAX_ID_BYTES",

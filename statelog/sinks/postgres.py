@@ -16,8 +16,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from ..errors import SinkError
-from .base import EncodedOutput, Row, TransactionalSink, log
+from statelog.errors import SinkError
+from statelog.sinks.base import EncodedOutput, Row, TransactionalSink, log
 
 try:
     import psycopg

@@ -29,14 +29,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidCommitError
-from ..validate import check_key, check_watermark, table_delta
-from .base import Output, Sink, check_outputs
+from statelog.errors import InvalidCommitError
+from statelog.sinks.base import Output, Sink, check_outputs
+from statelog.store.validate import check_key, check_watermark, table_delta
 
 if TYPE_CHECKING:
-    from ..records import Key
-    from ..store import StateStore
-    from ..transaction import Transaction
+    from statelog.format.records import Key
+    from statelog.store.store import StateStore
+    from statelog.store.transaction import Transaction
 
 __all__ = ["MARKS_PREFIX", "SinkCommit", "SinkTransaction", "SinkedStore"]
 

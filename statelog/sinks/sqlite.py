@@ -11,8 +11,8 @@ import sqlite3
 from datetime import timedelta
 from pathlib import Path
 
-from ..errors import SinkError
-from .base import EncodedOutput, Row, TransactionalSink, decode_payload
+from statelog.errors import SinkError
+from statelog.sinks.base import EncodedOutput, Row, TransactionalSink, decode_payload
 
 __all__ = ["SQLiteSink"]
 

@@ -1,0 +1,405 @@
+"""Prometheus metrics of statelog stores, kept in a library registry the host exposes.
+
+Everything lives in :data:`REGISTRY`, a ``CollectorRegistry`` of its own
+rather than ``prometheus_client``'s global one, so importing statelog never
+adds series to a host's default endpoint uninvited. A host exposes it with
+``prometheus_client.start_http_server(port, registry=statelog.ops.metrics.REGISTRY)``
+or mounts ``prometheus_client.make_wsgi_app(statelog.ops.metrics.REGISTRY)``;
+``statelog-compactor --metrics-port`` serves it too. ``docs/metrics.md``
+lists every series and example alert rules.
+
+Three sources feed it, each at the cost its place can afford:
+
+* the commit path (:func:`bind`): bound once per open, so a commit does no
+  label lookup; plain accumulators (half the cost of prometheus_client
+  children) rendered at scrape time;
+* store events (:func:`install`): recoveries, walk-backs, integrity
+  mismatches, truncations, compactions and retention deletions arrive
+  through :mod:`statelog.events` and become counters;
+* scrape time (:func:`watch`): the tail size, the newest snapshot's age
+  and the snapshot count are read from the store directory only when
+  Prometheus scrapes, so they cost the commit path nothing.
+
+Every per-store series carries a ``store`` label: the store's resolved path.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+from bisect import bisect_left
+from collections import Counter as Refcounts
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from statelog import events
+from statelog.log.segments import list_segments
+from statelog.storage.snapshots import MAGIC as SNAPSHOT_MAGIC
+from statelog.storage.snapshots import list_snapshots
+
+__all__ = [
+    "REGISTRY",
+    "StoreMetrics",
+    "bind",
+    "install",
+    "store_label",
+    "unwatch",
+    "watch",
+    "watched",
+]
+
+log = logging.getLogger("statelog.ops.metrics")
+
+REGISTRY: Final = CollectorRegistry(auto_describe=True)
+"""The registry every statelog metric is registered in; expose it from the host."""
+
+# A durable commit is an fdatasync (~0.1-1 ms) plus encoding; large
+# checkpoints and stalled disks reach seconds, so the buckets span both.
+_LATENCY_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+_LE = (*(repr(b) for b in _LATENCY_BUCKETS), "+Inf")
+_COMPACTION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+_STORE = ("store",)
+
+
+def _counter(name: str, doc: str, *labels: str) -> Counter:
+    return Counter(name, doc, ("store", *labels), registry=REGISTRY)
+
+
+RECOVERIES: Final = _counter(
+    "statelog_recoveries", "Recoveries run by opens (clean, torn-tail, corruption).", "outcome"
+)
+REPLAYED: Final = _counter("statelog_replayed_commits", "Commits replayed by recoveries.")
+WALKBACKS: Final = _counter("statelog_walkbacks", "Snapshots refused and walked past.", "source")
+MISMATCHES: Final = _counter(
+    "statelog_integrity_mismatches", "Stored bytes that failed verification.", "source"
+)
+TRUNCATIONS: Final = _counter("statelog_truncations", "Log cuts by recovery.", "reason")
+COMPACTIONS: Final = _counter("statelog_compactions", "Snapshots written by compaction passes.")
+COMPACTION_SECONDS: Final = Histogram(
+    "statelog_compaction_seconds", "Seconds per compaction pass that wrote a snapshot.",
+    _STORE, buckets=_COMPACTION_BUCKETS, registry=REGISTRY,
+)  # fmt: skip
+RETENTION_DELETIONS: Final = _counter("statelog_retention_deletions", "Files retention deleted.")
+BASE_SWAPS: Final = _counter("statelog_base_swaps", "Snapshots a writer swapped in as its base.")
+
+
+def store_label(root: Path | str) -> str:
+    """The ``store`` label of the store at ``root``: its resolved path, as text."""
+    return str(Path(root).resolve())
+
+
+# -- the commit path --------------------------------------------------------------
+# prometheus_client's children take a lock per bucket and per sum: four of
+# them cost ~3 us per commit. These accumulators cost under half of that
+# (docs/metrics.md, "Cost on the commit path") and render at scrape time.
+
+
+class _Tally:
+    """A monotonic count, exact under concurrent increments."""
+
+    __slots__ = ("_lock", "value")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self._lock = threading.Lock()
+
+    def inc(self, amount: float = 1.0) -> None:
+        with self._lock:
+            self.value += amount
+
+
+class _Latency:
+    """Histogram counts over :data:`_LATENCY_BUCKETS` (``le`` inclusive) and their sum."""
+
+    __slots__ = ("_lock", "counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(_LATENCY_BUCKETS) + 1)  # the last one is +Inf
+        self.sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, seconds: float) -> None:
+        i = bisect_left(_LATENCY_BUCKETS, seconds)
+        with self._lock:
+            self.counts[i] += 1
+            self.sum += seconds
+
+    def read(self) -> tuple[list[tuple[str, float]], float]:
+        """Cumulative ``(le, count)`` buckets and the sum, taken together."""
+        with self._lock:
+            counts, total = list(self.counts), self.sum
+        return list(zip(_LE, accumulate(counts), strict=True)), total
+
+
+@dataclass(frozen=True, slots=True)
+class StoreMetrics:
+    """The commit-path series of one store, bound once per open (see :func:`bind`)."""
+
+    commit_seconds: _Latency
+    commits: _Tally
+    appended_bytes: _Tally
+    fsync_seconds: _Latency
+
+
+_bound: dict[str, StoreMetrics] = {}
+_bound_guard = threading.Lock()
+
+
+def bind(root: Path) -> StoreMetrics:
+    """The commit-path series of the store at ``root`` (resolved), for a writer to keep.
+
+    Call once per open, so each commit does no lookup. A store reopened in
+    the same process gets the same series back: counters stay monotonic.
+    """
+    label = store_label(root)
+    with _bound_guard:
+        found = _bound.get(label)
+        if found is None:
+            found = _bound[label] = StoreMetrics(_Latency(), _Tally(), _Tally(), _Latency())
+        return found
+
+
+class _CommitPath(Collector):
+    """Renders the accumulators of every bound store at scrape time."""
+
+    def describe(self) -> list[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        seconds, commits, appended, fsyncs = self._families()
+        with _bound_guard:
+            bound = sorted(_bound.items())
+        for label, m in bound:
+            commits.add_metric([label], m.commits.value)
+            appended.add_metric([label], m.appended_bytes.value)
+            for family, latency in ((seconds, m.commit_seconds), (fsyncs, m.fsync_seconds)):
+                buckets, total = latency.read()
+                family.add_metric([label], buckets, total)
+        yield from (seconds, commits, appended, fsyncs)
+
+    @staticmethod
+    def _families() -> tuple[
+        HistogramMetricFamily, CounterMetricFamily, CounterMetricFamily, HistogramMetricFamily
+    ]:
+        H, C = HistogramMetricFamily, CounterMetricFamily
+        return (
+            H(
+                "statelog_commit_seconds",
+                "Seconds from a commit call to its return.",
+                labels=_STORE,
+            ),
+            C("statelog_commits", "Commits appended to the log.", labels=_STORE),
+            C("statelog_appended_bytes", "Bytes appended to log segments.", labels=_STORE),
+            H("statelog_fsync_seconds", "Seconds per fdatasync of the log.", labels=_STORE),
+        )
+
+
+REGISTRY.register(_CommitPath())
+
+
+# -- events -------------------------------------------------------------------
+
+
+def _text(fields: Any, key: str) -> str:
+    value = fields.get(key)
+    return "unknown" if value is None else str(value)
+
+
+def _count(fields: Any, key: str) -> float | None:
+    """A non-negative number from the event, or None (a malformed field is skipped, not fatal)."""
+    value = fields.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        return None
+    return float(value)
+
+
+def _on_event(event: events.Event) -> None:
+    """Turn one store event into counter increments (fields: see :mod:`statelog.events`)."""
+    label = store_label(event.store)
+    f = event.fields
+    kind = event.kind
+    if kind == "recovery":
+        RECOVERIES.labels(label, _text(f, "outcome")).inc()
+        replayed = _count(f, "records_replayed")
+        if replayed:
+            REPLAYED.labels(label).inc(replayed)
+    elif kind == "walk_back":
+        WALKBACKS.labels(label, _text(f, "source")).inc()
+    elif kind == "integrity_mismatch":
+        MISMATCHES.labels(label, _text(f, "source")).inc()
+    elif kind == "truncation":
+        TRUNCATIONS.labels(label, _text(f, "reason")).inc()
+    elif kind == "compaction":
+        COMPACTIONS.labels(label).inc()
+        seconds = _count(f, "seconds")
+        if seconds is not None:
+            COMPACTION_SECONDS.labels(label).observe(seconds)
+    elif kind == "retention_delete":
+        listed = f.get("files")
+        RETENTION_DELETIONS.labels(label).inc(len(listed) if isinstance(listed, list) else 1)
+    elif kind == "base_swap":
+        BASE_SWAPS.labels(label).inc()
+
+
+_installed = False
+_install_guard = threading.Lock()
+
+
+def install() -> None:
+    """Count store events of this process in :data:`REGISTRY`. Idempotent.
+
+    Writers call it when they open and the daemon when it starts, so a host
+    only needs it to count events of code that runs before any open.
+    """
+    global _installed
+    with _install_guard:
+        if not _installed:
+            events.subscribe(_on_event)
+            _installed = True
+
+
+# -- scrape-time gauges ----------------------------------------------------------
+
+# Header layout from docs/format.md ("Snapshots"): meta_len is the u32 at
+# byte 52, and the msgpack meta follows the 64-byte header.
+_META_LEN = struct.Struct("<I")
+_META_LEN_AT = 52
+_SNAP_HEADER = 64
+_META_MAX = 1 << 20
+
+
+class _StoreGauges(Collector):
+    """Reads each watched store's directory when scraped; the writer never pays for it."""
+
+    def __init__(self) -> None:
+        self._roots: Refcounts[Path] = Refcounts()
+        self._guard = threading.Lock()
+
+    def watch(self, root: Path) -> None:
+        with self._guard:
+            self._roots[root] += 1
+
+    def unwatch(self, root: Path) -> None:
+        with self._guard:
+            if self._roots.get(root, 0) > 1:
+                self._roots[root] -= 1
+            else:
+                self._roots.pop(root, None)
+
+    def roots(self) -> list[Path]:
+        with self._guard:
+            return sorted(self._roots)
+
+    def describe(self) -> list[Metric]:
+        # Registration asks for names only: never read a store to answer it.
+        return list(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        tail, age, count = self._families()
+        now = time.time()
+        for root in self.roots():
+            label = str(root)
+            try:
+                snaps = list_snapshots(root / "snapshots")
+                segments = list_segments(root / "wal")
+            except OSError as exc:  # a missing or unreadable store: no samples, no failed scrape
+                log.debug("store=%s event=metrics_store_unreadable error=%r", root, str(exc))
+                continue
+            newest_lsn = snaps[0][1] if snaps else 0
+            tail.add_metric([label], _tail_bytes(segments, newest_lsn))
+            count.add_metric([label], len(snaps))
+            if snaps:
+                created = _created_seconds(snaps[0][2])
+                if created is not None:
+                    age.add_metric([label], max(0.0, now - created))
+        yield from (tail, age, count)
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        G = GaugeMetricFamily
+        return (
+            G("statelog_tail_bytes", "Log bytes after the newest snapshot.", labels=_STORE),
+            G("statelog_snapshot_age_seconds", "Age of the newest snapshot.", labels=_STORE),
+            G("statelog_snapshots", "Snapshot files in the store.", labels=_STORE),
+        )
+
+
+def _tail_bytes(segments: list[tuple[int, int, Path]], lsn: int) -> int:
+    """Bytes of the segments that start after ``lsn``, the active one included.
+
+    Snapshots end on segment boundaries (the compactor folds whole
+    segments), so a segment holds records after ``lsn`` exactly when it
+    starts after it.
+    """
+    total = 0
+    for _, first_lsn, path in segments:
+        if first_lsn > lsn:
+            try:
+                total += path.stat().st_size
+            except FileNotFoundError:  # deleted by retention since the listing
+                continue
+    return total
+
+
+def _created_seconds(path: Path) -> float | None:
+    """When the snapshot at ``path`` was written: its ``created_ms``, else its mtime.
+
+    Reads only the header and meta, unverified: a scrape must stay cheap,
+    and damage is reported by ``statelog_integrity_mismatches_total``.
+    None when the file is gone (retention) or unreadable.
+    """
+    try:
+        mtime = path.stat().st_mtime
+        with path.open("rb") as fh:
+            head = fh.read(_SNAP_HEADER)
+            if len(head) < _SNAP_HEADER or head[:8] != SNAPSHOT_MAGIC:
+                return mtime
+            (meta_len,) = _META_LEN.unpack_from(head, _META_LEN_AT)
+            raw = fh.read(min(meta_len, _META_MAX))
+    except OSError:
+        return None
+    try:
+        meta = msgspec.msgpack.decode(raw)
+    except msgspec.DecodeError:
+        return mtime
+    created = meta.get("created_ms") if isinstance(meta, dict) else None
+    if isinstance(created, int) and not isinstance(created, bool) and created > 0:
+        return created / 1000.0
+    return mtime
+
+
+_GAUGES: Final = _StoreGauges()
+REGISTRY.register(_GAUGES)
+
+
+def watch(root: Path) -> None:
+    """Report the tail, snapshot age and snapshot count of the store at ``root`` when scraped.
+
+    Watches are counted: a store watched twice (a writer and an in-process
+    daemon) stays watched until unwatched twice. Reads nothing now.
+    """
+    _GAUGES.watch(Path(root).resolve())
+
+
+def unwatch(root: Path) -> None:
+    """Undo one :func:`watch` of ``root``; a store not watched is left alone."""
+    _GAUGES.unwatch(Path(root).resolve())
+
+
+def watched() -> list[Path]:
+    """The stores the scrape-time gauges report, resolved, in path order."""
+    return _GAUGES.roots()

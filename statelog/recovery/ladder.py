@@ -1,0 +1,316 @@
+"""The recovery ladder: newest verified snapshot that links to the log, then the log tail.
+
+On open, snapshots in ``STORE/snapshots/`` are tried newest first. One is
+used only if its SHA-256 verifies (on this read, not at write time) and it
+links to the log: the first segment after its LSN starts at LSN + 1 and its
+header's ``prev_crc`` equals the snapshot's ``chain``. A snapshot that fails
+either check is logged at ERROR, listed in ``RecoveryReport.rejected`` with
+the reason, left in place as evidence, and recovery walks back to the next
+older one, replaying more of the log. With no snapshot left, the log must
+reach back to epoch 1; if it does not, :class:`ResnapshotRequired` names
+every file tried and why it was refused.
+
+The chosen snapshot's LMDB image is extracted to ``STORE/base/`` (a
+derived cache, rebuilt on every open) under a fresh name, and memory-mapped
+as the base level. Images left by an earlier process are deleted by a
+background thread: unlinking a large file costs as much as a tenth of a
+second, and a restart should not wait for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import secrets
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from statelog.errors import CorruptionError, FormatVersionError, ResnapshotRequired
+from statelog.events import emit
+from statelog.format.wal import HEADER_SIZE, SegmentHeader
+from statelog.log.reader import peek_seal
+from statelog.log.segments import list_segments
+from statelog.recovery.image_cache import extract_stamped, reusable_image, stamp_of
+from statelog.recovery.replay import LogEnd, recover_log
+from statelog.recovery.report import Outcome, RecoveryReport, Rejection
+from statelog.state.live import LiveState
+from statelog.storage.fileio import FileLayer
+from statelog.storage.image import BaseLevel
+from statelog.storage.layout import StoreLayout
+from statelog.storage.pins import PIN_DIR, pin
+from statelog.storage.snapshots import SnapshotMeta, list_snapshots
+
+__all__ = ["check_link", "image_path", "install_snapshot", "recover_store"]
+
+log = logging.getLogger("statelog.recovery.replay")
+
+
+def image_path(image_dir: Path, snapshot: Path) -> Path:
+    """A fresh name for an extraction of ``snapshot``'s LMDB image: ``<name>.<token>.mdb``.
+
+    Never the name of an existing image, so an extraction never renames
+    over an image left by an earlier process (whose unlink would then be
+    paid on the open path, and which a process still mapping it may read).
+    """
+    return image_dir / f"{snapshot.name.removesuffix('.snap')}.{secrets.token_hex(4)}.mdb"
+
+
+def check_link(wal_dir: Path, meta: SnapshotMeta) -> str | None:
+    """Why ``meta`` does not link to the log in ``wal_dir``, or None if it does.
+
+    The first segment after the snapshot's LSN must start at LSN + 1 with a
+    header chained to the snapshot's ``chain``. No segment after it is fine:
+    the log ends at the snapshot (retention removed what it covers).
+    """
+    try:
+        segments = list_segments(wal_dir)
+    except FileNotFoundError:
+        segments = []
+    later = [s for s in segments if s[1] > meta.lsn]
+    if not later:
+        covered = [s for s in segments if s[1] <= meta.lsn]
+        if not covered:
+            return None  # retention removed the whole log the snapshot covers
+        # The log ends at the snapshot: its last segment must end in the seal named.
+        seal = peek_seal(covered[-1][2], covered[-1][2].stat().st_size)
+        if seal != (meta.lsn, meta.chain):
+            name = covered[-1][2].name
+            return f"{name} does not end in a seal at LSN {meta.lsn} with crc {meta.chain:#010x}"
+        return None
+    _seq, first_lsn, path = later[0]
+    if first_lsn != meta.lsn + 1:
+        return f"the log continues at LSN {first_lsn}, not {meta.lsn + 1}"
+    with open(path, "rb") as fh:
+        head = fh.read(HEADER_SIZE)
+    if not SegmentHeader.crc_ok(head):
+        return f"{path.name} has a damaged header"
+    prev = SegmentHeader.unpack(head).prev_crc
+    if prev != meta.chain:
+        return f"{path.name} links to {prev:#010x}, the snapshot ends at {meta.chain:#010x}"
+    return None
+
+
+def install_snapshot(
+    files: FileLayer,
+    image_dir: Path,
+    path: Path,
+    store_id: uuid.UUID,
+    state: LiveState,
+    wal_dir: Path | None = None,
+) -> tuple[SnapshotMeta, str | None]:
+    """Verify ``path`` while extracting it (one read), then map it as ``state``'s base.
+
+    An image this store extracted from ``path`` before and that is still
+    intact (``statelog.recovery.image_cache``) is mapped instead, without reading
+    the snapshot's body. With ``wal_dir``, the snapshot is installed only if it links to that log;
+    otherwise the image is removed and the reason returned.
+
+    :raises CorruptionError: the snapshot did not verify (nothing installed).
+    """
+    found = reusable_image(image_dir, path, store_id=store_id)
+    if found is not None:
+        dest, meta = found
+        log.info("snapshot=%s event=image_reused image=%s", path.name, dest.name)
+    else:
+        dest = image_path(image_dir, path)
+        files.makedirs(dest.parent)
+        meta = extract_stamped(files, path, dest, store_id=store_id)
+    why = check_link(wal_dir, meta) if wal_dir is not None else None
+    if why is not None:
+        for p in (dest, stamp_of(dest)):
+            with contextlib.suppress(FileNotFoundError):
+                files.remove(p)
+        return meta, why
+    old = state.swap_base(BaseLevel(dest), meta.lsn)
+    old.close()
+    state.epoch = meta.lsn
+    state.offsets = dict(meta.offsets)
+    state.low_watermark_ms = meta.low_watermark_ms
+    return meta, None
+
+
+def recover_store(
+    files: FileLayer,
+    layout: StoreLayout,
+    store_id: uuid.UUID,
+    state: LiveState,
+    *,
+    image_dir: Path,
+    repair: bool,
+    strict: bool = False,
+) -> tuple[RecoveryReport, LogEnd]:
+    """Climb the ladder: snapshot (newest that verifies and links), then the log tail.
+
+    :param image_dir: where to extract the chosen snapshot's image (the
+        writer's ``STORE/base``; a private temporary directory for a
+        read-only open, which changes nothing in the store).
+
+    :raises ResnapshotRequired: no snapshot is usable and the log does not reach epoch 1.
+    :raises CorruptionError: ``strict`` and the log tail is damaged.
+    :raises StorageError: an I/O error (never taken for damage).
+    """
+    # Recovery pins every file it may read, so a compactor's retention cannot
+    # delete the snapshot or the segments it replays. A read-only open (which
+    # promises to change nothing) pins only where ``pins/`` already exists and
+    # can be written; its pin file is gone again when recovery returns.
+    names = [f"snapshots/{p.name}" for _e, _l, p in list_snapshots(layout.snapshots)]
+    with contextlib.suppress(FileNotFoundError):
+        names += [f"wal/{p.name}" for _s, _l, p in list_segments(layout.wal)]
+    with contextlib.ExitStack() as stack:
+        if repair:
+            stack.enter_context(pin(layout.root, names, purpose="recovery"))
+        elif (layout.root / PIN_DIR).is_dir():
+            try:
+                stack.enter_context(pin(layout.root, names, purpose="read-only recovery"))
+            except OSError as exc:
+                log.warning("event=unpinned_recovery reason=%r", exc)
+        report, end = _climb(files, layout, store_id, state, image_dir, repair, strict)
+    _announce(layout.root, report, writable=repair)
+    return report, end
+
+
+def _announce(root: Path, report: RecoveryReport, *, writable: bool) -> None:
+    """Emit what this recovery found and did (audit trail, metrics).
+
+    A refused snapshot is a walk-back and an integrity mismatch; damage in
+    the log is a mismatch; every byte range moved aside is a truncation.
+    """
+    for r in report.rejected:
+        is_snapshot = r.path.suffix == ".snap"
+        if is_snapshot:
+            emit(root, "walk_back", writable=writable, file=r.path.name, reason=r.reason,
+                 source="recovery")  # fmt: skip
+        if is_snapshot or (report.outcome is Outcome.CORRUPTION and r.offset is not None):
+            emit(root, "integrity_mismatch", writable=writable, file=r.path.name,
+                 offset=r.offset, reason=r.reason, source="recovery")  # fmt: skip
+    if writable:
+        reason = "corrupt" if report.outcome is Outcome.CORRUPTION else "torn"
+        for aside in report.saved_aside:
+            emit(
+                root,
+                "truncation",
+                file=_segment_of(aside),
+                reason=reason,
+                saved_as=aside.name,
+                offset=_offset_of(report, aside),
+                bytes_dropped=report.truncated_bytes if reason == "torn" else None,
+            )
+    lost = report.lost_epochs
+    emit(
+        root,
+        "recovery",
+        writable=writable,
+        epoch=report.epoch,
+        snapshot=report.snapshot.name if report.snapshot else None,
+        replay_from=report.epoch - report.replayed + 1 if report.replayed else None,
+        replay_to=report.epoch,
+        records_replayed=report.replayed,
+        outcome=str(report.outcome),
+        rejected=[
+            {"file": r.path.name, "offset": r.offset, "reason": r.reason} for r in report.rejected
+        ],
+        lost_epochs=[lost.start, lost.stop - 1] if lost else [],
+        seconds=round(report.seconds, 6),
+        readonly=not writable,
+    )
+
+
+def _segment_of(aside: Path) -> str:
+    """``X.wal`` of an evidence file ``X.wal.broken[.N]`` or ``X.wal.corrupt[.N]``."""
+    name = aside.name
+    return name[: name.index(".wal") + 4] if ".wal" in name else name
+
+
+def _offset_of(report: RecoveryReport, aside: Path) -> int | None:
+    base = _segment_of(aside)
+    return next((r.offset for r in report.rejected if r.path.name == base), None)
+
+
+def _climb(
+    files: FileLayer,
+    layout: StoreLayout,
+    store_id: uuid.UUID,
+    state: LiveState,
+    image_dir: Path,
+    repair: bool,
+    strict: bool,
+) -> tuple[RecoveryReport, LogEnd]:
+    started = time.perf_counter()  # the report's seconds include the snapshot's extraction
+    rejected: list[Rejection] = []
+    for _epoch, _lsn, path in list_snapshots(layout.snapshots):
+        at: int | None = None
+        try:
+            # Hash verified on this read, while the image is extracted.
+            meta, why = install_snapshot(files, image_dir, path, store_id, state, layout.wal)
+        except (CorruptionError, FormatVersionError) as exc:
+            why = getattr(exc, "reason", None) or str(exc)
+            at = getattr(exc, "offset", None)
+        if why is not None:
+            log.error("snapshot=%s event=snapshot_rejected offset=%s reason=%r", path.name, at, why)
+            rejected.append(Rejection(path, at, why))
+            continue
+        report, end = recover_log(
+            files,
+            layout.wal,
+            store_id,
+            state,
+            repair=repair,
+            strict=strict,
+            after=(meta.lsn, meta.chain),
+        )
+        _remove_stale_images(files, image_dir, keep=_mapped(state))
+        return _with(report, path, rejected, started), end
+    try:
+        report, end = recover_log(files, layout.wal, store_id, state, repair=repair, strict=strict)
+    except ResnapshotRequired as exc:
+        if not rejected:
+            raise
+        tried = [(r.path, r.reason) for r in rejected] + exc.tried
+        raise ResnapshotRequired(
+            "no snapshot verifies and the log does not reach epoch 1", tried
+        ) from exc
+    _remove_stale_images(files, image_dir, keep=None)
+    return _with(report, None, rejected, started), end
+
+
+def _with(
+    report: RecoveryReport, snapshot: Path | None, rejected: list[Rejection], started: float
+) -> RecoveryReport:
+    return dataclasses.replace(
+        report,
+        snapshot=snapshot,
+        rejected=tuple(rejected) + report.rejected,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _mapped(state: LiveState) -> Path | None:
+    """The image file ``state``'s base maps (None: the empty base)."""
+    path = getattr(state.base, "path", None)
+    return Path(path) if path is not None else None
+
+
+def _remove_stale_images(files: FileLayer, image_dir: Path, keep: Path | None) -> None:
+    """Delete every file in ``image_dir`` but ``keep``, in a background thread.
+
+    The list is taken now, so images a base swap extracts later are never
+    touched. A process that exits first leaves the rest to the next open.
+    """
+    if not image_dir.is_dir():
+        return
+    kept = {keep, stamp_of(keep)} if keep is not None else set()
+    stale = [p for p in image_dir.iterdir() if p not in kept]
+    if not stale:
+        return
+
+    def remove() -> None:
+        for p in stale:
+            try:
+                files.remove(p)
+            except OSError as exc:  # the next open tries again
+                log.warning("image=%s event=stale_image_kept error=%r", p.name, exc)
+
+    threading.Thread(target=remove, name="statelog-image-cleanup", daemon=True).start()

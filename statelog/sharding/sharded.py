@@ -1,0 +1,401 @@
+"""ShardedStore: one ordinary statelog store per shard under a root.
+
+Layout::
+
+    ROOT/
+      SHARDS          the manifest: shard count and partitioning (statelog.sharding.partition)
+      shard-0000/     an ordinary store (IDENTITY, wal/, snapshots/, ...)
+      shard-0001/
+      ...
+
+Each shard is a complete store with its own lock, log, snapshots and
+recovery, so a damaged shard is recovered (or refused) on its own and its
+repair touches only files under its own directory. Nothing spans shards: a
+:meth:`ShardedStore.commit` whose keys fall in several shards is one
+atomic commit *per shard*, not one across shards. The atomic unit a
+reconciler should build on is one shard (:meth:`ShardedStore.commit_shard`
+or ``shard(i).transaction()``), with each source partition assigned to one
+shard and its offsets kept there.
+
+Creation order: every shard store is created first (each durably, by
+``statelog.open``), then ``SHARDS`` (temp file, fsync, rename, fsync of the
+root). A root without ``SHARDS`` is therefore an unfinished creation whose
+shard directories hold no commit, and the next creation adopts them; a root
+with ``SHARDS`` never re-creates a shard it lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from statelog.errors import (
+    InvalidOptionError,
+    NotAStoreError,
+    ReadOnlyStoreError,
+    StatelogError,
+    StoreClosedError,
+    StoreNotFoundError,
+)
+from statelog.recovery.report import RecoveryReport
+from statelog.sharding.access import ShardAccess, ShardCommitError
+from statelog.sharding.partition import (
+    MANIFEST,
+    Key,
+    Partition,
+    ShardManifest,
+    ShardMismatchError,
+    expand_stores,
+    read_manifest,
+    shard_dir_name,
+    write_manifest,
+)
+from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import IDENTITY
+from statelog.store.store import StateStore
+from statelog.store.store import open as open_store
+
+__all__ = ["OnFailure", "ShardCommitError", "ShardOpenError", "ShardedStore", "expand_stores"]
+
+log = logging.getLogger("statelog.sharding.sharded")
+
+OnFailure = Literal["raise", "report"]
+
+
+class ShardOpenError(StatelogError):
+    """One shard failed to open or recover; ``cause`` is the shard's own error."""
+
+    def __init__(self, root: Path, shard: int, path: Path, cause: StatelogError) -> None:
+        super().__init__(
+            f"shard {shard} of {root} ({path.name}) is unavailable: {cause.message}",
+            hint=f"{cause.hint}; only this shard is affected: open the root with "
+            "on_failure='report' to use the others while it is repaired",
+        )
+        self.root = root
+        self.shard = shard
+        self.path = path
+        self.cause = cause
+
+
+class ShardedStore(ShardAccess):
+    """``shards`` ordinary stores under ``root``, keys routed by hash or by key range.
+
+    Reads route to one shard (``get``) or merge every shard (``items``,
+    ``count``, ``offsets``, ``low_watermark_ms``). Commits are atomic per
+    shard only. Thread-safe: commits through this object are serialised.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        shards: int | None = None,
+        *,
+        partition: Partition | None = None,
+        boundaries: Sequence[Key] | None = None,
+        lazy: bool = False,
+        on_failure: OnFailure = "raise",
+        **store_options: Any,
+    ) -> None:
+        """Create the sharded root at ``root``, or reopen it.
+
+        Creating needs ``shards``; ``partition`` defaults to ``"hash"``, and
+        ``"range"`` needs ``shards - 1`` sorted ``boundaries`` (shard ``i``
+        holds ``boundaries[i-1] <= key < boundaries[i]``). Reopening needs no
+        parameter: the ``SHARDS`` manifest supplies them; any given must match it.
+
+        :param lazy: open no shard now; each opens on first use (or :meth:`open_shard`).
+        :param on_failure: ``"raise"`` (default): a shard that fails to open or
+            recover raises :class:`ShardOpenError` naming it, after the shards
+            already opened are closed again. ``"report"``: it is left closed and
+            listed in :attr:`failures`; the other shards open normally.
+        :param store_options: passed to ``statelog.open`` for every shard
+            (``durability``, ``strict``, ``readonly``, ``segment_bytes``, ...).
+        :raises InvalidOptionError: bad parameters or options; nothing was changed.
+        :raises ShardMismatchError: parameters other than the manifest's; nothing was changed.
+        :raises NotAStoreError: ``root`` holds something that is not a sharded root.
+        :raises StoreNotFoundError: ``readonly=True`` and no sharded root at ``root``.
+        :raises ShardOpenError: a shard failed to open (``on_failure="raise"``).
+        :raises CorruptionError: the manifest is damaged.
+        :raises StorageError: an I/O error creating the root or its manifest.
+        """
+        if not isinstance(lazy, bool):
+            raise InvalidOptionError(f"lazy={lazy!r}", hint="pass True or False")
+        if on_failure not in ("raise", "report"):
+            raise InvalidOptionError(f"on_failure={on_failure!r}", hint="use 'raise' or 'report'")
+        _check_store_options(store_options)
+        self.root = Path(root)
+        self.readonly: bool = store_options.get("readonly", False)
+        self._options = dict(store_options)
+        self._files: FileLayer = store_options.get("file_layer") or FileLayer()
+        self._lock = threading.RLock()
+        self._stores: dict[int, StateStore] = {}
+        self._failures: dict[int, StatelogError] = {}
+        self._closed = False
+        manifest = read_manifest(self.root, self._files)
+        if manifest is None:
+            if self.readonly:
+                raise StoreNotFoundError(f"{self.root} holds no sharded store (no {MANIFEST})")
+            if shards is None:
+                raise InvalidOptionError(
+                    f"{self.root} has no {MANIFEST} manifest and shards= was not given",
+                    hint="pass shards= (and partition=) to create a sharded root; nothing "
+                    "was changed",
+                )
+            self.manifest = ShardManifest.build(shards, partition or "hash", boundaries)
+            self._create(keep_open=not lazy)
+        else:
+            bad = manifest.mismatches(shards, partition, boundaries)
+            if bad:
+                raise ShardMismatchError(f"{self.root}/{MANIFEST} disagrees: {', '.join(bad)}")
+            self.manifest = manifest
+        if not lazy:
+            for i in range(self.manifest.shards):
+                try:
+                    self.open_shard(i)
+                except ShardOpenError:
+                    if on_failure == "raise":
+                        self.close()
+                        raise
+
+    @classmethod
+    def open(cls, root: str | Path, shards: int | None = None, **options: Any) -> ShardedStore:
+        """Create or reopen a sharded root; the same arguments as the constructor."""
+        return cls(root, shards, **options)
+
+    def __enter__(self) -> ShardedStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- creation --------------------------------------------------------
+    def _create(self, *, keep_open: bool) -> None:
+        """Create every shard store, then ``SHARDS`` (temp, fsync, rename, fsync root)."""
+        n = self.manifest.shards
+        self._check_can_host(n)
+        self._files.makedirs(self.root)
+        stray = self.root / (MANIFEST + ".tmp")
+        if stray.exists():
+            self._files.remove(stray)
+            self._files.fsync_dir(self.root)
+        try:
+            for i in range(n):
+                store = open_store(self.shard_path(i), **self._options)
+                if keep_open:
+                    self._stores[i] = store
+                else:
+                    store.close()
+            write_manifest(self.root, self.manifest, self._files)
+        except BaseException:
+            self._close_all()
+            raise
+        log.info(
+            "root=%s event=sharded_root_created shards=%d partition=%s",
+            self.root,
+            n,
+            self.manifest.partition,
+        )
+
+    def _check_can_host(self, n: int) -> None:
+        """Refuse a root holding anything but shard directories of an unfinished creation."""
+        root = self.root
+        for p in (root, *root.parents):
+            if p.exists():
+                if not p.is_dir():
+                    raise NotAStoreError(f"{p} is not a directory")
+                break
+        if not root.is_dir():
+            return
+        allowed = {shard_dir_name(i) for i in range(n)} | {MANIFEST + ".tmp"}
+        foreign = sorted(p.name for p in root.iterdir() if p.name not in allowed)
+        if foreign:
+            raise NotAStoreError(
+                f"{root} is not a sharded root (it holds {', '.join(foreign[:5])})",
+                hint="choose an empty or new directory for a new sharded root; nothing was changed",
+            )
+        for i in range(n):
+            d = self.shard_path(i)
+            if d.is_dir() and _holds_commits(d):
+                raise NotAStoreError(
+                    f"{d} holds commits but {root} has no {MANIFEST} manifest",
+                    hint=f"restore {MANIFEST} from a backup, or open that directory as a "
+                    "plain store; nothing was changed",
+                )
+
+    # -- shards ----------------------------------------------------------
+    def shard_path(self, index: int) -> Path:
+        """The directory of shard ``index``."""
+        return self.root / shard_dir_name(index)
+
+    def open_shard(self, index: int, **overrides: Any) -> StateStore:
+        """Open (recover) shard ``index`` alone, or return it if it is open.
+
+        Touches only files under that shard's directory. ``overrides``
+        replace store options for this open, e.g. ``strict=False`` to let a
+        shard refused under ``strict=True`` recover to its last good commit.
+        A shard that failed before is tried again.
+
+        :raises ShardOpenError: the shard failed to open; it is listed in :attr:`failures`.
+        :raises InvalidOptionError: a bad index or override, or overrides for an open shard.
+        """
+        with self._lock:
+            self._check_open()
+            idx = self._check_index(index)
+            store = self._stores.get(idx)
+            if store is not None:
+                if overrides:
+                    raise InvalidOptionError(
+                        f"shard {idx} is already open", hint="call close_shard() first"
+                    )
+                return store
+            options = {**self._options, **overrides}
+            if overrides:
+                _check_store_options(options)
+            path = self.shard_path(idx)
+            try:
+                if not (path / IDENTITY).is_file() and not options.get("readonly", False):
+                    raise StoreNotFoundError(
+                        f"{path} holds no statelog store",
+                        hint="the shard's directory or IDENTITY is gone: restore it from a "
+                        "backup; a sharded root never re-creates a shard silently",
+                    )
+                store = open_store(path, **options)
+            except StatelogError as exc:
+                self._failures[idx] = exc
+                log.error(
+                    "root=%s event=shard_failed shard=%d error=%s reason=%r",
+                    self.root,
+                    idx,
+                    type(exc).__name__,
+                    exc.message,
+                )
+                raise ShardOpenError(self.root, idx, path, exc) from exc
+            self._failures.pop(idx, None)
+            self._stores[idx] = store
+            r = store.recovery
+            log.info(
+                "root=%s event=shard_opened shard=%d epoch=%d outcome=%s replayed=%d",
+                self.root,
+                idx,
+                r.epoch,
+                r.outcome,
+                r.replayed,
+            )
+            return store
+
+    def close_shard(self, index: int) -> None:
+        """Close shard ``index`` (if open) so that it can be reopened on its own.
+
+        :raises StorageError: sealing its log failed (its lock is released anyway).
+        """
+        with self._lock:
+            store = self._stores.pop(self._check_index(index), None)
+        if store is not None:
+            store.close()
+
+    def shard(self, index: int) -> StateStore:
+        """Shard ``index``'s store, opened on first use.
+
+        :raises ShardOpenError: the shard failed to open (now or earlier: use
+            :meth:`open_shard` to try again).
+        """
+        with self._lock:
+            idx = self._check_index(index)
+            failure = self._failures.get(idx)
+            if failure is not None and idx not in self._stores:
+                raise ShardOpenError(self.root, idx, self.shard_path(idx), failure)
+            return self.open_shard(idx)
+
+    @property
+    def shards(self) -> int:
+        """The number of shards (fixed by the manifest)."""
+        return self.manifest.shards
+
+    @property
+    def failures(self) -> dict[int, StatelogError]:
+        """Shards that failed to open, with their own errors (``on_failure="report"``)."""
+        with self._lock:
+            return dict(self._failures)
+
+    @property
+    def recovery(self) -> dict[int, RecoveryReport]:
+        """The recovery report of every open shard, by shard index."""
+        with self._lock:
+            return {i: s.recovery for i, s in sorted(self._stores.items())}
+
+    # -- closing ---------------------------------------------------------
+    def close(self) -> None:
+        """Close every open shard (each seals its log and releases its lock). Idempotent.
+
+        :raises StorageError: a shard failed to seal; every other shard is closed anyway.
+        """
+        with self._lock:
+            self._closed = True
+            self._close_all()
+
+    def _close_all(self) -> None:
+        first: BaseException | None = None
+        stores, self._stores = self._stores, {}
+        for store in stores.values():
+            try:
+                store.close()
+            except StatelogError as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"sharded store {self.root} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyStoreError(f"sharded store {self.root} was opened read-only")
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        state = " closed" if self._closed else ""
+        return f"<ShardedStore {self.root} shards={m.shards} {m.partition}{state}>"
+
+
+def _holds_commits(shard: Path) -> bool:
+    """Whether a shard directory left without a manifest holds any commit (read-only look)."""
+    try:
+        with open_store(shard, readonly=True) as ro:
+            return ro.epoch > 0
+    except StoreNotFoundError:
+        return False  # no identity: creating the store refuses a log with records by itself
+    except StatelogError:
+        return True  # damaged or foreign: never adopt it
+
+
+def _check_store_options(options: Mapping[str, Any]) -> None:
+    """Check shard store options before anything is created.
+
+    The store checks its own options first thing, before any I/O; a
+    read-only open of a path that holds no store runs exactly those checks
+    and then stops, so it validates without duplicating the rules.
+
+    :raises InvalidOptionError: an unknown or bad option.
+    """
+    if "path" in options:
+        raise InvalidOptionError("path= is not a store option", hint="pass root= instead")
+    readonly = options.get("readonly", False)
+    if not isinstance(readonly, bool):
+        raise InvalidOptionError(f"readonly={readonly!r}", hint="pass True or False")
+    probe = Path(tempfile.gettempdir()) / f"statelog-option-probe-{uuid.uuid4().hex}"
+    try:
+        open_store(probe, **{**options, "readonly": True})
+    except StoreNotFoundError:
+        return
+    raise AssertionError(f"{probe} unexpectedly holds a store")  # pragma: no cover

@@ -1,0 +1,254 @@
+"""The live state: epoch, offsets, watermark, a base level and an overlay of generations.
+
+Two levels, as in ``docs/architecture.md``:
+
+* the **base** is a snapshot's LMDB image, read-only and memory-mapped
+  (:class:`~statelog.storage.image.BaseLevel`), or :class:`~statelog.storage.image.EmptyBase`;
+* the **overlay** is a list of *generations*, one per WAL segment replayed or
+  written since the base: each a dict per table of key -> encoded value, or
+  ``None`` for a key deleted over a lower level.
+
+A commit touches only the newest generation, a dict bounded by the segment
+size, never the base. When a snapshot covering whole segments arrives,
+:meth:`LiveState.swap_base` installs it and drops the generations it folded,
+so the overlay's memory is bounded by the compaction trigger.
+
+Values stay msgpack-encoded, so every read returns a fresh object. Key order:
+``bytes`` keys before ``str`` keys, each bytewise (``str`` by code point,
+which is its UTF-8 byte order) -- the order of the base's tagged keys.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from statelog.format.records import CommitRecord, Key
+from statelog.storage.image import Base, EmptyBase
+
+__all__ = ["MAX_GENERATIONS", "Generation", "Key", "LiveState"]
+
+MAX_GENERATIONS = 32
+"""Above this many generations (a store nobody compacts) the two oldest are merged."""
+
+_MISSING = object()
+
+
+class Generation:
+    """The overlay entries written to one WAL segment (or, after a merge, to several)."""
+
+    __slots__ = ("first_epoch", "last_epoch", "segment", "tables")
+
+    def __init__(self, segment: int, first_epoch: int) -> None:
+        self.segment = segment
+        self.first_epoch = first_epoch
+        self.last_epoch = first_epoch - 1
+        self.tables: dict[str, dict[Key, bytes | None]] = {}
+
+
+def _sort_key(k: Key) -> tuple[int, Key]:
+    return (0, k) if type(k) is bytes else (1, k)
+
+
+class _Sealed(NamedTuple):
+    """One table of the sealed generations (all but the newest), merged once.
+
+    Reads merge the newest generation (small: bounded by a segment) over
+    this and the base, instead of merging and sorting every generation on
+    every call: a high-churn table piles up deleted keys in its generations
+    until a snapshot folds them, and sorting all of them per read made a
+    scan cost the whole churn since the last snapshot.
+    """
+
+    entries: dict[Key, bytes | None]  # newest sealed entry per key; None: deleted
+    ordered: list[tuple[tuple[int, Key], Key, bytes]]  # the live entries, in key order
+    deleted: frozenset[Key]  # keys the sealed generations delete (hiding the base's)
+    live_delta: int  # live keys the sealed entries add to the base's count
+
+
+class LiveState:
+    """Everything a reader sees. Mutated only by :meth:`apply` and :meth:`swap_base`."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.offsets: dict[str, int] = {}
+        self.low_watermark_ms = 0
+        self.base: Base = EmptyBase()
+        self.base_epoch = 0
+        self.generations: list[Generation] = [Generation(0, 1)]
+        self._sealed: dict[str, _Sealed] = {}  # cleared whenever the sealed set changes
+
+    # -- writing ----------------------------------------------------------
+    def begin_generation(self, segment: int) -> None:
+        """Start a new generation for records of WAL segment ``segment``."""
+        top = self.generations[-1]
+        if top.segment == segment:
+            return
+        if not top.tables:
+            top.segment, top.first_epoch = segment, self.epoch + 1
+            return
+        self.generations.append(Generation(segment, self.epoch + 1))
+        self._sealed.clear()
+        if len(self.generations) > MAX_GENERATIONS:
+            self._merge_oldest()
+
+    def apply(
+        self,
+        epoch: int,
+        offsets: Mapping[str, int],
+        low_watermark_ms: int,
+        deltas: Iterable[tuple[str, Sequence[Key], Sequence[bytes], Sequence[Key]]],
+    ) -> None:
+        """Apply one verified commit to the newest generation. The caller checked the epoch."""
+        top = self.generations[-1]
+        # A delete must hide the key in lower levels; with none, just forget it.
+        shadowing = len(self.generations) > 1 or not isinstance(self.base, EmptyBase)
+        for name, keys, values, deletes in deltas:
+            table = top.tables.get(name)
+            if table is None:
+                table = top.tables[name] = {}
+            if deletes:
+                if shadowing:
+                    table.update(dict.fromkeys(deletes))
+                else:
+                    pop = table.pop
+                    for k in deletes:
+                        pop(k, None)
+            if keys:
+                table.update(zip(keys, values, strict=True))
+        self.offsets.update(offsets)
+        self.low_watermark_ms = low_watermark_ms
+        self.epoch = top.last_epoch = epoch
+
+    def apply_record(self, rec: CommitRecord) -> None:
+        self.apply(
+            rec.epoch,
+            rec.offsets,
+            rec.low_watermark_ms,
+            ((t.name, t.keys, t.values, t.deletes) for t in rec.tables),
+        )
+
+    def swap_base(self, base: Base, epoch: int) -> Base:
+        """Install ``base`` (the state at ``epoch``); drop generations it covers.
+
+        Only generations wholly at or below ``epoch`` are dropped, so a
+        generation straddling it stays and still shadows the base correctly
+        (its entries are at least as new). Returns the old base to close.
+        """
+        old = self.base
+        self.base, self.base_epoch = base, epoch
+        kept = [g for g in self.generations if g.last_epoch > epoch or g is self.generations[-1]]
+        top = self.generations[-1]
+        if top.last_epoch <= epoch and top.tables:
+            # The newest generation is folded too: keep an empty one to write into.
+            kept = [Generation(top.segment, self.epoch + 1)]
+        self.generations = kept
+        self._sealed.clear()
+        return old
+
+    def _merge_oldest(self) -> None:
+        older, newer = self.generations[0], self.generations[1]
+        # Delete markers are kept even with nothing below yet: a snapshot may
+        # later land inside the merged range and bring the deleted key back.
+        for name, entries in newer.tables.items():
+            older.tables.setdefault(name, {}).update(entries)
+        older.last_epoch = newer.last_epoch
+        older.segment = newer.segment
+        del self.generations[1]
+        self._sealed.clear()
+
+    # -- reading ----------------------------------------------------------
+    def get(self, table: str, key: Any) -> bytes | None:
+        for g in reversed(self.generations):
+            t = g.tables.get(table)
+            if t is not None:
+                v = t.get(key, _MISSING)
+                if v is not _MISSING:
+                    return v  # type: ignore[return-value]
+        return self.base.get(table, key)
+
+    def _sealed_table(self, table: str) -> _Sealed:
+        """The sealed generations of ``table`` merged and sorted (cached until they change)."""
+        got = self._sealed.get(table)
+        if got is not None:
+            return got
+        entries: dict[Key, bytes | None] = {}
+        for g in self.generations[:-1]:
+            t = g.tables.get(table)
+            if t:
+                entries.update(t)
+        ordered = sorted(
+            ((_sort_key(k), k, v) for k, v in entries.items() if v is not None), key=_first
+        )
+        deleted = frozenset(k for k, v in entries.items() if v is None)
+        base = self.base
+        if isinstance(base, EmptyBase):
+            delta = sum(1 for v in entries.values() if v is not None)
+        else:
+            delta = sum(
+                (v is not None) - (base.get(table, k) is not None) for k, v in entries.items()
+            )
+        got = self._sealed[table] = _Sealed(entries, ordered, deleted, delta)
+        return got
+
+    def count(self, table: str) -> int:
+        sealed = self._sealed_table(table)
+        base = self.base
+        n = base.count(table) + sealed.live_delta
+        for k, v in (self.generations[-1].tables.get(table) or {}).items():
+            prior = sealed.entries.get(k, _MISSING)
+            below = base.get(table, k) is not None if prior is _MISSING else prior is not None
+            n += (v is not None) - below
+        return n
+
+    def tables(self) -> list[str]:
+        names = set(self.base.tables())
+        for g in self.generations:
+            names.update(g.tables)
+        return sorted(names)
+
+    def items(self, table: str, prefix: Key | None = None) -> Iterator[tuple[Key, bytes]]:
+        """``(key, encoded value)`` of ``table`` in key order, overlay merged over the base."""
+        newest = self.generations[-1].tables.get(table) or {}
+        sealed = self._sealed_table(table)
+        if prefix is None:
+            keys = sorted(newest, key=_sort_key)
+            mid: Iterable[tuple[tuple[int, Key], Key, bytes]] = sealed.ordered
+        else:
+            kind = type(prefix)
+            keys = sorted(k for k in newest if type(k) is kind and k.startswith(prefix))  # type: ignore[arg-type]
+            mid = _prefixed(sealed.ordered, prefix)
+        # Deleted keys of the sealed generations are not merged (a table with
+        # churn holds far more of them than live keys): they only hide the
+        # base's entries. Rank breaks ties: newest generation, sealed, base.
+        dead = sealed.deleted
+        top = (((_sort_key(k), 0), k, newest[k]) for k in keys)
+        middle = (((sk, 1), k, v) for sk, k, v in mid)
+        below = (
+            ((_sort_key(k), 2), k, v) for k, v in self.base.items(table, prefix) if k not in dead
+        )
+        last: Any = None
+        for (sk, _rank), k, v in heapq.merge(top, middle, below, key=_first):
+            if sk == last:
+                continue
+            last = sk
+            if v is not None:
+                yield k, v
+
+
+def _first(entry: tuple[Any, ...]) -> Any:
+    return entry[0]
+
+
+def _prefixed(
+    ordered: list[tuple[tuple[int, Key], Key, bytes]], prefix: Key
+) -> Iterator[tuple[tuple[int, Key], Key, bytes]]:
+    """The entries of ``ordered`` whose key starts with ``prefix`` (same type), in order."""
+    at = bisect.bisect_left(ordered, _sort_key(prefix), key=_first)
+    for entry in ordered[at:]:
+        k = entry[1]
+        if type(k) is not type(prefix) or not k.startswith(prefix):  # type: ignore[arg-type]
+            return
+        yield entry

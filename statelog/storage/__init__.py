@@ -1,0 +1,1 @@
+"""statelog.storage."""

@@ -1,0 +1,191 @@
+"""The store directory: its fixed names and its identity file.
+
+::
+
+    STORE/
+      IDENTITY            store id and format version (JSON, written once, durably)
+      LOCK                the single writer's flock; holds its pid
+      wal/                log segments: <sequence:016x>-<first_lsn:016x>.wal
+                          evidence kept aside: *.wal.broken (torn tails),
+                          *.wal.corrupt (damage moved aside by recovery)
+      snapshots/          full snapshots: *.snap
+
+Operators and external checks rely on ``wal/``, ``snapshots/`` and the two
+suffixes; ``docs/format.md`` specifies every file.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from statelog.errors import (
+    CorruptionError,
+    FormatVersionError,
+    NotAStoreError,
+    StorageError,
+    StoreNotFoundError,
+)
+from statelog.format.wal import HEADER_SIZE, SegmentHeader, parse_segment_name, segment_name
+from statelog.storage.fileio import FileLayer
+
+__all__ = ["IDENTITY", "SNAPSHOT_DIR", "WAL_DIR", "StoreLayout"]
+
+IDENTITY = "IDENTITY"
+WAL_DIR = "wal"
+SNAPSHOT_DIR = "snapshots"
+BASE_DIR = "base"
+_KNOWN = {
+    IDENTITY,
+    IDENTITY + ".tmp",
+    "LOCK",
+    WAL_DIR,
+    SNAPSHOT_DIR,
+    BASE_DIR,
+    "pins",
+    "COMPACTOR.LOCK",
+    "compactor.tmp",
+    # The audit trail (statelog.ops.audit); AUDIT.log.broken[.N] is matched by prefix.
+    "AUDIT.log",
+    "AUDIT.log.tmp",
+    "AUDIT.head",
+    "AUDIT.head.tmp",
+    "AUDIT.lock",
+    # The remote tier's shipping record (statelog.remote.record), and its temp file.
+    "remote.json",
+    "remote.json.tmp",
+}
+_KNOWN_PREFIXES = ("AUDIT.log.broken",)
+_KIND = "statelog-store"
+STORE_VERSION = 1
+"""Version of the directory layout and IDENTITY; segments carry their own format version."""
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    """Paths of one store directory."""
+
+    root: Path
+
+    @property
+    def wal(self) -> Path:
+        return self.root / WAL_DIR
+
+    @property
+    def snapshots(self) -> Path:
+        return self.root / SNAPSHOT_DIR
+
+    @property
+    def base(self) -> Path:
+        """Extracted LMDB image of the snapshot in use (a cache, rebuilt on open)."""
+        return self.root / BASE_DIR
+
+    @property
+    def identity(self) -> Path:
+        return self.root / IDENTITY
+
+    def check_can_host(self) -> None:
+        """Refuse a directory that holds anything but a statelog store, before touching it.
+
+        :raises NotAStoreError: a file, or a directory with foreign entries and no identity.
+        """
+        self.check_is_directory()
+        if self.root.is_dir() and not self.identity.exists():
+            foreign = sorted(
+                p.name
+                for p in self.root.iterdir()
+                if p.name not in _KNOWN and not p.name.startswith(_KNOWN_PREFIXES)
+            )
+            if foreign:
+                raise NotAStoreError(
+                    f"{self.root} is not a statelog store (it holds {', '.join(foreign[:5])})"
+                )
+
+    def check_is_directory(self) -> None:
+        """:raises NotAStoreError: the root, or the nearest existing parent, is not a directory."""
+        for p in (self.root, *self.root.parents):
+            if p.exists():
+                if not p.is_dir():
+                    raise NotAStoreError(f"{p} is not a directory")
+                return
+
+    def read_identity(self, files: FileLayer) -> uuid.UUID:
+        """The store id from ``IDENTITY``.
+
+        :raises StoreNotFoundError: no identity file.
+        :raises FormatVersionError: a store format newer than this code reads.
+        :raises CorruptionError: the identity file is unreadable.
+        :raises StorageError: an I/O error reading it (never taken for damage).
+        :raises NotAStoreError: the path is a file.
+        """
+        self.check_is_directory()
+        try:
+            raw = files.read(self.identity)
+        except FileNotFoundError:
+            raise StoreNotFoundError(f"{self.root} holds no statelog store") from None
+        except OSError as exc:
+            raise StorageError(f"reading {self.identity} failed: {exc}", errno=exc.errno) from exc
+        try:
+            doc = json.loads(raw)
+            kind, version, sid = doc["kind"], doc["version"], uuid.UUID(doc["store_id"])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptionError(self.identity, 0, f"unreadable identity file: {exc}") from exc
+        if kind != _KIND or not isinstance(version, int) or isinstance(version, bool):
+            raise CorruptionError(self.identity, 0, f"not a statelog identity: {doc!r:.200}")
+        if version != STORE_VERSION:
+            raise FormatVersionError(self.identity, version, STORE_VERSION)
+        return sid
+
+    def create(self, files: FileLayer) -> uuid.UUID:
+        """Create the directories, the first segment and the identity of a new store.
+
+        Durable order: ``wal/`` and ``snapshots/`` (each fsynced into the
+        root), segment 1 holding only its header (temp, fsync, rename, fsync
+        ``wal/``), then ``IDENTITY`` (temp, fsync, rename, fsync root). So an
+        identity without any segment is damage, never a crash artefact; and a
+        crash before the identity lands leaves only empty segments, which the
+        next open removes before creating the store again.
+
+        :raises CorruptionError: segments holding records but no identity.
+        :returns: the new store id.
+        """
+        files.makedirs(self.wal)
+        files.makedirs(self.snapshots)
+        leftovers = [p for p in self.wal.iterdir() if parse_segment_name(p) is not None]
+        for p in leftovers:
+            if p.stat().st_size > HEADER_SIZE:
+                raise CorruptionError(
+                    self.identity,
+                    0,
+                    "segments hold records but the identity file is missing",
+                    hint="restore IDENTITY from a backup; statelog never adopts an unknown log",
+                )
+        for p in leftovers:
+            files.remove(p)  # empty segments of a creation that did not finish
+        sid = uuid.uuid4()
+        first = SegmentHeader(sid, sequence=1, first_lsn=1, prev_crc=0)
+        files.create_durable(self.wal / segment_name(1, 1), first.pack())
+        doc = {
+            "kind": _KIND,
+            "version": STORE_VERSION,
+            "store_id": str(sid),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        files.create_durable(self.identity, (json.dumps(doc, indent=1) + "\n").encode())
+        return sid
+
+    def remove_temp_files(self, files: FileLayer) -> list[Path]:
+        """Delete ``*.tmp`` left by a writer that died mid-create (in wal/, and IDENTITY's)."""
+        gone: list[Path] = []
+        # snapshots/*.tmp belong to the compactor, which cleans up after itself.
+        if self.wal.is_dir():
+            gone.extend(self.wal.glob("*.tmp"))
+        stray = self.root / (IDENTITY + ".tmp")
+        if stray.exists():
+            gone.append(stray)
+        for p in gone:
+            files.remove(p)
+        return gone

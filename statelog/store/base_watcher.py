@@ -1,0 +1,136 @@
+"""The writer's watch for new snapshots: swap in a newer base level, drop what it folded.
+
+The compactor (its own process) publishes snapshots into ``STORE/snapshots``.
+A thread of the writing process polls that directory. A snapshot newer than
+the base in use is installed only when it links to *this* writer's log: its
+``(lsn, chain)`` must equal the end of a sealed segment the writer replayed
+or wrote. Its image is verified while it is extracted to ``STORE/base/``,
+mapped read-only, and swapped in under the store's view lock, so a reader
+sees either the old base with every generation or the new base with the
+generations it did not fold: one consistent state either way. All the
+reading, hashing and decompressing happens off the commit path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from statelog.errors import CorruptionError, FormatVersionError, StorageError
+from statelog.events import emit
+from statelog.recovery.image_cache import extract_stamped, stamp_of
+from statelog.recovery.ladder import image_path
+from statelog.state.live import LiveState
+from statelog.storage.fileio import FileLayer
+from statelog.storage.image import BaseLevel
+from statelog.storage.snapshots import list_snapshots
+
+__all__ = ["BaseWatcher"]
+
+log = logging.getLogger("statelog.store.store")
+
+
+class BaseWatcher:
+    """Polls for snapshots and swaps them in. One per writing store."""
+
+    def __init__(
+        self,
+        *,
+        files: FileLayer,
+        snapshots: Path,
+        image_dir: Path,
+        store_id: uuid.UUID,
+        state: LiveState,
+        view: threading.Lock,
+        boundaries: dict[int, int],
+        interval: float,
+        on_swap: Callable[[Path, int], None] | None = None,
+    ) -> None:
+        self._files = files
+        self._snapshots = snapshots
+        self._image_dir = image_dir
+        self._store_id = store_id
+        self._state = state
+        self._view = view
+        self._boundaries = boundaries
+        self._interval = interval
+        self._on_swap = on_swap
+        self._refused: set[Path] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="statelog-base-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.check()
+            except Exception:  # a bad snapshot must never take the writer down
+                log.exception("event=base_watch_failed")
+
+    def check(self) -> Path | None:
+        """Install the newest usable snapshot newer than the current base; returns it, or None."""
+        state = self._state
+        for epoch, lsn, path in list_snapshots(self._snapshots):
+            if lsn <= state.base_epoch:
+                return None
+            if path in self._refused or lsn > state.epoch:
+                continue
+            chain = self._boundaries.get(lsn)
+            if chain is None:
+                continue  # not the end of a segment this writer knows: not ours to judge
+            dest = image_path(self._image_dir, path)
+            try:
+                self._files.makedirs(self._image_dir)
+                meta = extract_stamped(self._files, path, dest, store_id=self._store_id)
+                if meta.chain != chain:
+                    raise CorruptionError(path, 0, f"chain {meta.chain:#010x} != log {chain:#010x}")
+                base = BaseLevel(dest)
+            except (CorruptionError, FormatVersionError) as exc:
+                self._refused.add(path)  # damage does not heal: never try this file again
+                log.error(
+                    "snapshot=%s event=snapshot_refused epoch=%d reason=%r", path.name, epoch, exc
+                )
+                reason = getattr(exc, "reason", None) or str(exc)
+                emit(
+                    self._snapshots.parent,
+                    "integrity_mismatch",
+                    file=path.name,
+                    offset=getattr(exc, "offset", None),
+                    reason=reason,
+                    source="swap",
+                )
+                continue
+            except (StorageError, OSError) as exc:
+                # Transient, or retention removed it meanwhile: look again next round.
+                log.warning(
+                    "snapshot=%s event=snapshot_unreadable epoch=%d error=%r", path.name, epoch, exc
+                )
+                continue
+            with self._view:
+                old = state.swap_base(base, lsn)
+            old.close()
+            if old_path := getattr(old, "path", None):
+                self._files.remove(Path(old_path))
+                with contextlib.suppress(FileNotFoundError):
+                    self._files.remove(stamp_of(Path(old_path)))
+            for k in [k for k in self._boundaries if k < lsn]:
+                del self._boundaries[k]
+            log.info(
+                "snapshot=%s event=base_swapped epoch=%d generations=%d",
+                path.name,
+                lsn,
+                len(state.generations),
+            )
+            emit(self._snapshots.parent, "base_swap", snapshot=path.name, epoch=lsn)
+            if self._on_swap is not None:
+                self._on_swap(path, lsn)
+            return path
+        return None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -1,0 +1,162 @@
+"""Running the compactor beside the writer: ``statelog.open(..., compactor="thread"|"process")``.
+
+The deployment the docs lead with is the daemon, ``statelog-compactor``, in
+its own process (and, if need be, on its own host). For a single process
+that wants compaction without a second service, the writer can start one:
+
+* ``"process"``: a child process running the daemon on this store (the
+  same code, its own core, its own lock); stopped with SIGTERM on close;
+* ``"thread"``: a thread of the writing process running one pass every
+  interval. It shares the GIL with commits: simplest, and slowest.
+
+Either takes the store's compactor lock; when a daemon already holds it,
+the writer logs that and leaves compaction to the daemon (the child
+process exits with status 3, which a watcher thread logs).
+
+The child process is bound to the writer's life: on Linux it asks the
+kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), so a
+writer killed with SIGKILL does not leave a compactor behind. The signal
+follows the thread that opened the store: open a store with
+``compactor="process"`` from a thread that outlives it (the main thread,
+typically).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import signal
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Literal, Protocol
+
+from statelog.errors import CompactorLockedError, InvalidOptionError
+
+__all__ = ["CompactorMode", "InProcessCompactor", "check_compactor_options", "start_compactor"]
+
+log = logging.getLogger("statelog.store.store")
+
+CompactorMode = Literal["none", "thread", "process"]
+
+
+class InProcessCompactor(Protocol):
+    def stop(self) -> None: ...
+
+
+class _ThreadCompactor:
+    def __init__(self, store: Path, interval: float, min_tail_bytes: int, retain: int) -> None:
+        from statelog.compaction.fold import compact
+        from statelog.compaction.lock import CompactorLock
+
+        self._lock = CompactorLock(store)  # raises CompactorLockedError
+        self._stop = threading.Event()
+
+        def run() -> None:
+            while not self._stop.wait(interval):
+                try:
+                    compact(
+                        store,
+                        min_tail_bytes=min_tail_bytes,
+                        retain=retain,
+                        lock=self._lock,
+                        stop=self._stop.is_set,
+                    )
+                except Exception:  # never let compaction take the writer down
+                    log.exception("store=%s event=inprocess_compaction_failed", store)
+
+        self._thread = threading.Thread(target=run, name="statelog-compactor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._lock.release()
+
+
+class _ProcessCompactor:
+    def __init__(self, store: Path, interval: float, min_tail_bytes: int, retain: int) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "compactor",
+            "--interval",
+            str(interval),
+            "--min-tail-bytes",
+            str(min_tail_bytes),
+            "--retain",
+            str(retain),
+            str(store),
+        ]
+        self._stopping = False
+        self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        self._watch = threading.Thread(
+            target=self._watch_exit, args=(store,), name="statelog-compactor-watch", daemon=True
+        )
+        self._watch.start()
+
+    def _watch_exit(self, store: Path) -> None:
+        code = self._proc.wait()
+        if not self._stopping:
+            why = "another compactor holds the store" if code == 3 else "see its log"
+            log.warning(
+                "store=%s event=compactor_process_exited code=%d reason=%r", store, code, why
+            )
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (Linux; elsewhere a no-op)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def check_compactor_options(
+    mode: object, interval: object, min_tail_bytes: object, retain: object
+) -> None:
+    """:raises InvalidOptionError: an unknown mode or a bad setting (checked before any I/O)."""
+    if mode not in ("none", "thread", "process"):
+        raise InvalidOptionError(f"compactor={mode!r}", hint='use "none", "thread" or "process"')
+    if not isinstance(interval, timedelta) or interval <= timedelta(0):
+        raise InvalidOptionError(f"compactor_interval={interval!r}", hint="a positive timedelta")
+    if (
+        not isinstance(min_tail_bytes, int)
+        or not isinstance(retain, int)
+        or min_tail_bytes < 0
+        or retain < 1
+    ):
+        raise InvalidOptionError(
+            f"min_tail_bytes={min_tail_bytes!r} retain={retain!r}",
+            hint="min_tail_bytes >= 0 and retain >= 1",
+        )
+
+
+def start_compactor(
+    mode: CompactorMode, store: Path, interval: timedelta, min_tail_bytes: int, retain: int
+) -> InProcessCompactor | None:
+    """Start the compactor ``mode`` asks for (options already checked), or None for ``"none"``."""
+    if mode == "none":
+        return None
+    seconds = interval.total_seconds()
+    if mode == "process":
+        return _ProcessCompactor(store, seconds, min_tail_bytes, retain)
+    try:
+        return _ThreadCompactor(store, seconds, min_tail_bytes, retain)
+    except CompactorLockedError as exc:
+        log.warning("store=%s event=compactor_already_running detail=%r", store, str(exc))
+        return None

@@ -1,0 +1,240 @@
+"""Checks that turn a caller's commit into a record, or refuse it before any I/O.
+
+Everything here runs before the first byte is written, so a refused commit
+changes nothing on disk. Values are encoded here too: an unencodable value
+is bad input like any other, and encoding once serves the log record, the
+live state and (later) the base snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from statelog.errors import InvalidCommitError, InvalidOptionError
+from statelog.format.records import TableDelta, encode_value
+from statelog.state.live import Key
+
+__all__ = [
+    "ENCODE_ERRORS",
+    "MAX_KEY_BYTES",
+    "check_key",
+    "check_offsets",
+    "check_options",
+    "check_remote_options",
+    "check_watermark",
+    "table_delta",
+]
+
+MAX_KEY_BYTES = 500
+"""Longest key in bytes (UTF-8 for str). LMDB, the base level, caps keys at 511 bytes."""
+
+MAX_TABLE_NAME = 200
+_KEY_TYPES = frozenset((str, bytes))
+ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
+"""What msgspec raises for a value it cannot encode (RecursionError: cycles, deep nesting)."""
+
+
+def check_key(k: Any, table: str) -> Key:
+    """One key, validated and normalised to plain str or bytes.
+
+    :raises InvalidCommitError: not str/bytes, or longer than MAX_KEY_BYTES.
+    """
+    return _key(k, table)
+
+
+def _key(k: Any, table: str) -> Key:
+    cls = k.__class__
+    if cls is str:
+        if len(k) > MAX_KEY_BYTES // 4 and len(k.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+            raise InvalidCommitError(
+                f"key {k[:40]!r}... in table {table!r} is over {MAX_KEY_BYTES} bytes"
+            )
+        return k  # type: ignore[no-any-return]
+    if cls is bytes:
+        if len(k) > MAX_KEY_BYTES:
+            raise InvalidCommitError(
+                f"key {k[:40]!r}... in table {table!r} is over {MAX_KEY_BYTES} bytes"
+            )
+        return k  # type: ignore[no-any-return]
+    if isinstance(k, str):  # str subclasses (StrEnum, ...) are stored as plain str
+        return _key(str.__str__(k), table)
+    if isinstance(k, bytes):
+        return _key(bytes(k), table)
+    raise InvalidCommitError(
+        f"key {k!r} in table {table!r} is a {cls.__name__}; keys must be str or bytes",
+        hint="convert the key to str or bytes; nothing was written",
+    )
+
+
+def _strict_keys(keys: Iterable[Any], table: str) -> list[Key]:
+    out = list(keys)
+    # Checked in C (set of types, longest length); the per-key path runs only
+    # when some key needs converting, measuring or refusing.
+    if out and (
+        not _KEY_TYPES.issuperset(map(type, out)) or max(map(len, out)) > MAX_KEY_BYTES // 4
+    ):
+        out = [_key(k, table) for k in out]
+    return out
+
+
+def table_delta(name: Any, put: Mapping[Any, Any], delete: Iterable[Any]) -> TableDelta:
+    """Validate and encode one table's puts and deletes.
+
+    :raises InvalidCommitError: bad table name, key type or length, an
+        unencodable value, or a key both put and deleted.
+    """
+    if not isinstance(name, str) or not name or len(name) > MAX_TABLE_NAME or "\x00" in name:
+        raise InvalidCommitError(
+            f"table name {name!r} is invalid",
+            hint=f"use a non-empty str of at most {MAX_TABLE_NAME} characters without NUL",
+        )
+    if not isinstance(put, Mapping):
+        raise InvalidCommitError(
+            f"put= must be a mapping of key to value, not {type(put).__name__}"
+        )
+    if isinstance(delete, str | bytes):
+        raise InvalidCommitError(
+            "delete= must be an iterable of keys, not a single key",
+            hint="wrap a single key in a tuple: delete=(key,)",
+        )
+    keys = _strict_keys(put.keys(), name)
+    try:
+        values = list(map(encode_value, put.values()))
+    except ENCODE_ERRORS as exc:
+        bad = next(k for k, v in put.items() if not _encodes(v))
+        raise InvalidCommitError(
+            f"value of key {bad!r} in table {name!r} cannot be encoded as msgpack: {exc}",
+            hint="store only msgpack-able values (None, bool, int, float, str, bytes, "
+            "lists, dicts, datetimes); nothing was written",
+        ) from exc
+    try:
+        deletes = _strict_keys(delete, name)
+    except TypeError:
+        raise InvalidCommitError(
+            f"delete= must be an iterable of keys, not {type(delete).__name__}",
+            hint="pass a tuple or list: delete=(key,)",
+        ) from None
+    if deletes and keys:
+        both = set(deletes).intersection(keys)
+        if both:
+            raise InvalidCommitError(
+                f"key {next(iter(both))!r} in table {name!r} is both put and deleted",
+                hint="a commit may put or delete a key, not both",
+            )
+    return TableDelta(name, keys, values, deletes)
+
+
+def _encodes(v: Any) -> bool:
+    try:
+        encode_value(v)
+    except ENCODE_ERRORS:
+        return False
+    return True
+
+
+def check_offsets(offsets: Any, current: Mapping[str, int]) -> dict[str, int]:
+    """Validate offset advances against the current offsets; returns a plain dict.
+
+    :raises InvalidCommitError: a non-str partition, a non-int or negative
+        offset, or an offset lower than the one already committed.
+    """
+    if not isinstance(offsets, Mapping):
+        raise InvalidCommitError(
+            f"offsets= must be a mapping of partition to offset, not {type(offsets).__name__}"
+        )
+    out: dict[str, int] = {}
+    for part, off in offsets.items():
+        if not isinstance(part, str):
+            raise InvalidCommitError(
+                f"partition {part!r} is not a str", hint="name partitions with str"
+            )
+        if off.__class__ is not int and (not isinstance(off, int) or isinstance(off, bool)):
+            raise InvalidCommitError(f"offset of partition {part!r} is {off!r}, not an int")
+        if off < 0:
+            raise InvalidCommitError(f"offset of partition {part!r} is negative ({off})")
+        if off >= 1 << 63:
+            raise InvalidCommitError(f"offset of partition {part!r} is over 2**63-1")
+        before = current.get(part)
+        if before is not None and off < before:
+            raise InvalidCommitError(
+                f"offset of partition {part!r} goes backwards: {off} < committed {before}",
+                hint="offsets only advance; after a walk-back rewind the consumer to store.offsets",
+            )
+        out[str.__str__(part)] = int(off)
+    return out
+
+
+def check_watermark(wm: Any, current: int) -> int:
+    """:raises InvalidCommitError: the watermark is not an int, is negative, or goes backwards."""
+    if wm.__class__ is not int and (not isinstance(wm, int) or isinstance(wm, bool)):
+        raise InvalidCommitError(f"low_watermark_ms is {wm!r}, not an int")
+    if wm < 0 or wm >= 1 << 63:
+        raise InvalidCommitError(f"low_watermark_ms {wm} is out of range 0..2**63-1")
+    if wm < current:
+        raise InvalidCommitError(
+            f"low_watermark_ms goes backwards: {wm} < committed {current}",
+            hint="the low watermark only advances; pass store.low_watermark_ms to keep it",
+        )
+    return int(wm)
+
+
+def check_options(
+    durability: Any, delay: Any, segment: Any, fragment: Any, max_record: Any
+) -> None:
+    """Validate the options of ``statelog.open`` before anything is touched.
+
+    :raises InvalidOptionError: an unknown durability, a delay outside (0, 10 s],
+        or a size out of range.
+    """
+    if durability not in ("commit", "group", "none"):
+        raise InvalidOptionError(
+            f"durability={durability!r}", hint='use "commit", "group" or "none"'
+        )
+    if not isinstance(delay, timedelta) or not timedelta(0) < delay <= timedelta(seconds=10):
+        raise InvalidOptionError(f"group_delay={delay!r}", hint="a timedelta in (0, 10 s]")
+    for name, value, low in (
+        ("segment_bytes", segment, 4096),
+        ("fragment_bytes", fragment, 64),
+        ("max_record_bytes", max_record, 64),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 1 << 32:
+            raise InvalidOptionError(f"{name}={value!r}", hint=f"an int from {low} to 2**32-1")
+    if fragment > segment:
+        raise InvalidOptionError("fragment_bytes is larger than segment_bytes")
+
+
+def check_remote_options(remote: Any, interval: Any, readonly: Any, compactor: Any) -> None:
+    """Validate ``remote=`` and ``remote_check=`` of ``statelog.open`` before any I/O.
+
+    The URL and the AWS_* environment are parsed here too, so a bad one
+    fails before anything is restored, created or contacted.
+
+    :raises InvalidOptionError: ``remote_check`` not a positive timedelta;
+        ``remote`` not a str; ``remote`` with ``readonly=True`` (a read-only
+        open never restores nor claims a store) or with an in-process
+        compactor (it would never ship: the daemon ships).
+    :raises RemoteConfigError: the URL or the environment is unusable.
+    """
+    if not isinstance(interval, timedelta) or interval <= timedelta(0):
+        raise InvalidOptionError(f"remote_check={interval!r}", hint="a positive timedelta")
+    if remote is None:
+        return
+    if not isinstance(remote, str):
+        raise InvalidOptionError(f"remote={remote!r}", hint="an s3://bucket/prefix URL, or None")
+    if readonly is True:
+        raise InvalidOptionError(
+            "remote= cannot be combined with readonly=True",
+            hint="a read-only open never restores nor claims a store: run "
+            "`statelog restore URL STORE` first, then open STORE read-only",
+        )
+    if compactor != "none":
+        raise InvalidOptionError(
+            f"remote= cannot be combined with compactor={compactor!r}",
+            hint="the in-process compactor never ships: run "
+            "`statelog-compactor --remote URL STORE` beside the writer instead",
+        )
+    from statelog.remote.url import parse_remote_url  # not at import: most stores have no remote
+
+    parse_remote_url(remote)
