@@ -1,4 +1,4 @@
-"""The public contract of ``statelog`` as a reconciler author meets it (issue 2, section 3).
+"""The public contract of ``statelog`` as a reconciler author meets it.
 
 Each test names one promise of the API: what ``open``, ``commit``, the reads,
 transactions, durability modes, ``close`` and read-only opens guarantee.

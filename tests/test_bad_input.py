@@ -1,4 +1,4 @@
-"""Bad input gets a clear typed error and changes nothing (issue 2, sections 6 and 7).
+"""Bad input gets a clear typed error and changes nothing.
 
 Every case asserts four things: the error is the right ``StatelogError``
 subclass; it carries a non-empty ``hint`` that ``str(err)`` includes; not one

@@ -1,6 +1,6 @@
 """ENOSPC and EIO injected into every durable step (tests/faults.py).
 
-The contract (issue 2, "Errors and bad input"; design brief, RocksDB lesson):
+The contract (an I/O error is never taken for damage):
 
 * a commit whose write or sync fails raises :class:`statelog.StorageError`
   carrying the errno, is not visible (epoch, offsets, reads unchanged) and is

@@ -1,6 +1,6 @@
 """Simulated power loss (tests/faults.py): what a crash leaves must recover to a prefix.
 
-Invariants (design brief): 2, recovered state is exactly the fold of commits
+Invariants (docs/architecture.md): 2, recovered state is exactly the fold of commits
 1..E, never a mix; 3, with ``durability="commit"`` every acknowledged commit
 survives a power loss that drops every write not yet fsynced; 7, a segment
 or store that was being created never shows up half-made.

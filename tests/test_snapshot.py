@@ -1,6 +1,6 @@
 """Snapshot files: layout, verification of every part, atomic writes, extraction.
 
-Invariants (design brief): 5, a snapshot is verified on every read; 6, a
+Invariants (docs/architecture.md): 5, a snapshot is verified on every read; 6, a
 damaged one is rejected whole, never repaired; 7, a half-written snapshot
 never becomes visible, whatever moment the power goes.
 """

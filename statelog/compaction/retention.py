@@ -1,6 +1,6 @@
 """Retention: keep N verified snapshots and the log they need; delete the rest, loudly.
 
-Rules (issue 3, "Retention"; invariant 8):
+Rules (invariant 8 of docs/architecture.md):
 
 * Keep the ``retain`` newest snapshots that verify. A snapshot that fails
   verification is kept as evidence, never deleted and never counted; one

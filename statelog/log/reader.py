@@ -5,7 +5,7 @@ stopped, why, and how many bytes it did not use; :mod:`statelog.recovery.replay`
 decides whether to truncate, move aside, raise or carry on. Layout:
 :mod:`statelog.format.wal` and ``docs/format.md``.
 
-How a stop is classified (invariant 4 of the design brief):
+How a stop is classified (invariant 4 of docs/architecture.md):
 
 * ``CLEAN``: the data ended exactly after a complete record.
 * ``TORN``: the damage is the unfinished tail of the *last* segment: a

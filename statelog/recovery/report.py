@@ -11,7 +11,7 @@ __all__ = ["Outcome", "RecoveryReport", "Rejection"]
 
 
 class Outcome(enum.StrEnum):
-    """The three outcomes recovery keeps apart (design brief, invariant 4)."""
+    """The three outcomes recovery keeps apart (invariant 4 of docs/architecture.md)."""
 
     CLEAN = "clean"
     """The log ended after a complete commit."""

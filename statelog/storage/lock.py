@@ -1,4 +1,4 @@
-"""The single-writer lock (design brief, invariant 9).
+"""The single-writer lock (invariant 9 of docs/architecture.md).
 
 ``STORE/LOCK`` is held with ``flock(LOCK_EX | LOCK_NB)`` for as long as a
 writer has the store open, and holds the holder's pid for error messages
