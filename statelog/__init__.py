@@ -42,6 +42,7 @@ from statelog.ops import audit as _audit
 from statelog.recovery.report import Outcome, RecoveryReport, Rejection
 from statelog.sharding.partition import ShardMismatchError
 from statelog.sharding.sharded import ShardCommitError, ShardedStore, ShardOpenError
+from statelog.store.options import StoreOptions
 from statelog.store.store import Durability, StateStore, open
 from statelog.store.transaction import Transaction
 
@@ -81,6 +82,7 @@ __all__ = [
     "StoreClosedError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "StoreOptions",
     "Transaction",
     "__version__",
     "open",

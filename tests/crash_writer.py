@@ -391,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     layer.armed = True
     start = store.epoch
     for i in range(start + 1, start + 1 + args.count):
-        active = store._wal.active_file if store._wal is not None else None
+        active = store._writer.wal.active_file if store._writer is not None else None
         rolls = active is None or active.size >= args.segment_bytes
         _emit(f"begin {i}{' roll' if rolls else ''}")
         got = run_spec(store, commit_spec(args.seed, i))

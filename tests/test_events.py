@@ -159,8 +159,8 @@ def test_base_swap_is_emitted_by_the_writer(store_path: Path, seen: list[Event])
         for i in range(40):  # several rolls at 4 KiB: sealed segments to fold
             store.commit(offsets={"p": i + 1}, low_watermark_ms=i, put={f"k{i}": "v" * 200})
         assert compact(store_path).snapshot is not None
-        assert store._watcher is not None
-        assert store._watcher.check() is not None
+        assert store._writer is not None and store._writer.watcher is not None
+        assert store._writer.watcher.check() is not None
     ev = one(seen, "base_swap")
     assert ev.store == store_path and ev.fields["epoch"] > 0
 

@@ -72,7 +72,7 @@ def test_compactor_process_dies_with_a_writer_killed_by_sigkill(store_path: Path
     script = (
         "import sys, time, statelog\n"
         "s = statelog.open(sys.argv[1], compactor='process')\n"
-        "print(s._compactor._proc.pid, flush=True)\n"
+        "print(s._writer.compactor._proc.pid, flush=True)\n"
         "time.sleep(600)\n"
     )
     writer = subprocess.Popen(
@@ -99,9 +99,11 @@ def test_compactor_process_that_finds_a_daemon_is_reported(
             caplog.at_level("WARNING", logger="statelog.store.store"),
             statelog.open(store_path, compactor="process") as store,
         ):
-            proc = store._compactor._proc  # type: ignore[union-attr]
+            assert store._writer is not None
+            compactor = store._writer.compactor
+            proc = compactor._proc  # type: ignore[union-attr]
             proc.wait(timeout=30)
-            store._compactor._watch.join(timeout=5)  # type: ignore[union-attr]
+            compactor._watch.join(timeout=5)  # type: ignore[union-attr]
         assert proc.returncode == 3
         assert "event=compactor_process_exited code=3" in caplog.text
     finally:

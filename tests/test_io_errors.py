@@ -228,8 +228,8 @@ def test_eio_on_the_seal_sync_of_a_roll(tmp_path: Path) -> None:
     path = tmp_path / "store"
     store, files = _open(path, segment_bytes=4096)
     models = _empty()
-    wal = store._wal
-    assert wal is not None
+    assert store._writer is not None
+    wal = store._writer.wal
     while (f := wal.active_file) is None or f.size < 4096:  # the next append rolls
         commit_with_model(store, models, simple_commits(len(models))[-1])
     files.fail("sync", errno=errno.EIO, match=".wal")  # the first sync is the seal's

@@ -177,12 +177,12 @@ class StoreMachine(RuleBasedStateMachine):
         stores do not pile up threads over thousands of steps.
         """
         store = self.store
-        assert store._writer_lock is not None and store._wal is not None
-        watcher = getattr(store, "_watcher", None)
-        if watcher is not None:
-            watcher.stop()
-        store._writer_lock.release()
-        store._wal.close()
+        writer = store._writer
+        assert writer is not None
+        if writer.watcher is not None:
+            writer.watcher.stop()
+        writer.file_lock.release()
+        writer.wal.close()
         self.since_open = 0
 
     def check_recovered(self, outcome: Outcome, *, truncated: int = 0) -> None:

@@ -48,12 +48,12 @@ from statelog.log.reader import SegmentScan, StopKind, scan_segment
 from statelog.log.segments import list_segments
 from statelog.ops.verify_report import Finding, SegmentCheck, SnapshotCheck, Verdict, VerifyReport
 from statelog.recovery.ladder import check_link
+from statelog.recovery.readonly import recover_readonly
 from statelog.recovery.report import RecoveryReport
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
 from statelog.storage.pins import pin
 from statelog.storage.snapshots import list_snapshots, verify_snapshot
-from statelog.store.store import open as open_store
 
 __all__ = [
     "Finding",
@@ -298,8 +298,8 @@ def _ladder(
     if run.store_id is None:
         return None, "the identity file is damaged: no open can identify the log"
     try:
-        with open_store(layout.root, readonly=True) as ro:
-            report = ro.recovery
+        with recover_readonly(layout.root) as ro:
+            report = ro.report
     except ResnapshotRequired as exc:
         seen = {f.path for f in run.findings}
         for p, why in exc.tried:

@@ -49,6 +49,7 @@ from statelog.errors import (
     ResnapshotRequired,
 )
 from statelog.log.reader import StopKind, scan_segment
+from statelog.recovery.readonly import recover_readonly
 from statelog.remote.client import SHA256_ATTR, RemoteClient
 from statelog.remote.errors import RemoteIntegrityError, RemoteNotFoundError
 from statelog.remote.manifest import Entry, Manifest, acquire, read_manifest
@@ -321,10 +322,8 @@ def _segment_ok(
 
 def _check_recovers(root: Path, epoch: int) -> None:
     """Recover the staging copy read-only; it must reach ``epoch`` exactly."""
-    from statelog.store.store import StateStore  # the store imports this package
-
-    with StateStore(root, readonly=True) as s:
-        got = s.epoch
+    with recover_readonly(root) as ro:
+        got = ro.state.epoch
     if got != epoch:
         raise RemoteError(
             f"the restored copy recovers to epoch {got}, the plan reached {epoch}",

@@ -31,15 +31,16 @@ import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
-from statelog.errors import CompactorLockedError, InvalidOptionError
+from statelog.compaction.fold import compact
+from statelog.compaction.lock import CompactorLock
+from statelog.errors import CompactorLockedError
+from statelog.store.options import CompactorMode
 
-__all__ = ["CompactorMode", "InProcessCompactor", "check_compactor_options", "start_compactor"]
+__all__ = ["InProcessCompactor", "start_compactor"]
 
 log = logging.getLogger("statelog.store.store")
-
-CompactorMode = Literal["none", "thread", "process"]
 
 
 class InProcessCompactor(Protocol):
@@ -48,9 +49,6 @@ class InProcessCompactor(Protocol):
 
 class _ThreadCompactor:
     def __init__(self, store: Path, interval: float, min_tail_bytes: int, retain: int) -> None:
-        from statelog.compaction.fold import compact
-        from statelog.compaction.lock import CompactorLock
-
         self._lock = CompactorLock(store)  # raises CompactorLockedError
         self._stop = threading.Event()
 
@@ -124,26 +122,6 @@ def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
-def check_compactor_options(
-    mode: object, interval: object, min_tail_bytes: object, retain: object
-) -> None:
-    """:raises InvalidOptionError: an unknown mode or a bad setting (checked before any I/O)."""
-    if mode not in ("none", "thread", "process"):
-        raise InvalidOptionError(f"compactor={mode!r}", hint='use "none", "thread" or "process"')
-    if not isinstance(interval, timedelta) or interval <= timedelta(0):
-        raise InvalidOptionError(f"compactor_interval={interval!r}", hint="a positive timedelta")
-    if (
-        not isinstance(min_tail_bytes, int)
-        or not isinstance(retain, int)
-        or min_tail_bytes < 0
-        or retain < 1
-    ):
-        raise InvalidOptionError(
-            f"min_tail_bytes={min_tail_bytes!r} retain={retain!r}",
-            hint="min_tail_bytes >= 0 and retain >= 1",
-        )
 
 
 def start_compactor(

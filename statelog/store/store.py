@@ -2,84 +2,73 @@
 
 A commit is one record in the write-ahead log: encode, frame, append,
 fsync (by the durability policy), apply to the in-memory overlay, return
-the new epoch. Reads never touch the log. Opening a store runs recovery
-(:mod:`statelog.recovery.replay`), then appends to the verified last segment, or
-starts a new one after a clean close or after corruption.
+the new epoch. Reads never touch the log: they go to the newest overlay
+generation first, then older ones, then the memory-mapped base
+(:mod:`statelog.state.live`), each under the view lock, so a read sees whole
+commits only and a base swap happens entirely before or after it.
+
+A store is made of parts, each owning what it uses:
+
+* its settings, one checked :class:`~statelog.store.options.StoreOptions`;
+* its :class:`~statelog.state.live.LiveState` and the two locks here: the
+  commit lock (commits, the writer's syncs and close) and the view lock
+  (each applied commit and each base swap becomes visible whole);
+* a writing store's :class:`~statelog.store.writer.StoreWriter` (the log, the
+  writer lock, the threads beside them, durability), built by
+  :func:`~statelog.store.writer_open.open_writer`;
+* a read-only store's :class:`~statelog.recovery.readonly.ReadOnlyRecovery`.
 
 With ``remote=URL`` (``docs/remote.md``) a missing or empty directory is
 restored first (a takeover), and after recovery the writer claims its
 generation: stamped in each segment header, re-checked at each roll and
 every ``remote_check``.
-
-The writer's open sequence is :mod:`statelog.store.writer_open`; ``flush``,
-``wait_durable`` and ``durable_epoch`` are :mod:`statelog.store.durability`; the
-reads are :mod:`statelog.store.reads`. The commit path and ``close`` are here.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 import threading
 import time
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from statelog.errors import (
     InvalidCommitError,
-    InvalidOptionError,
     ReadOnlyStoreError,
     StatelogError,
     StorageError,
     StoreClosedError,
 )
-from statelog.format.records import CommitRecord, TableDelta, encode_record
-from statelog.log.group_commit import GroupCommitter
-from statelog.log.writer import FenceWatch, WalWriter
+from statelog.format.records import CommitRecord, TableDelta, decode_value, encode_record
 from statelog.ops import metrics
-from statelog.recovery.ladder import recover_store
+from statelog.recovery.readonly import ReadOnlyRecovery, recover_readonly
+from statelog.recovery.report import RecoveryReport
 from statelog.state.live import Key, LiveState
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
-from statelog.storage.lock import StoreLock
-from statelog.store.base_watcher import BaseWatcher
-from statelog.store.durability import Durability, StoreDurability
-from statelog.store.inproc import (
-    CompactorMode,
-    InProcessCompactor,
-    check_compactor_options,
-    start_compactor,
-)
-from statelog.store.reads import StoreReads
+from statelog.store.inproc import start_compactor
+from statelog.store.options import Durability, StoreOptions, resolve_options
 from statelog.store.transaction import Transaction
-from statelog.store.validate import (
-    ENCODE_ERRORS,
-    check_offsets,
-    check_options,
-    check_remote_options,
-    check_watermark,
-    table_delta,
-)
-from statelog.store.writer_open import WriterOpen
+from statelog.store.validate import ENCODE_ERRORS, check_offsets, check_watermark, table_delta
+from statelog.store.writer import StoreWriter
+from statelog.store.writer_open import open_writer
 
 if TYPE_CHECKING:
     from statelog.remote import RestoreResult
 
-__all__ = ["Durability", "StateStore", "open"]
+__all__ = ["Durability", "StateStore", "StoreOptions", "open"]
 
 log = logging.getLogger("statelog.store.store")
 
 Puts = Mapping[str, Any] | Mapping[bytes, Any] | Mapping[Key, Any]
 """What ``put=`` accepts: a mapping from str keys, bytes keys, or both (Mapping is invariant)."""
 _EMPTY: Mapping[Any, Any] = types.MappingProxyType({})
-_MiB = 1 << 20
 
 
-class StateStore(StoreReads, StoreDurability, WriterOpen):
+class StateStore:
     """A changelog-backed state store. Create with :func:`statelog.open`.
 
     One writer per store (an exclusive lock); any number of read-only opens.
@@ -88,53 +77,28 @@ class StateStore(StoreReads, StoreDurability, WriterOpen):
     """
 
     def __init__(
-        self,
-        path: str | Path,
-        *,
-        durability: Durability = "commit",
-        group_delay: timedelta = timedelta(milliseconds=2),
-        segment_bytes: int = 64 * _MiB,
-        fragment_bytes: int | None = None,
-        max_record_bytes: int = 64 * _MiB,
-        readonly: bool = False,
-        strict: bool = False,
-        base_refresh: timedelta = timedelta(seconds=1),
-        compactor: CompactorMode = "none",
-        compactor_interval: timedelta = timedelta(seconds=30),
-        min_tail_bytes: int = 64 * _MiB,
-        retain: int = 3,
-        remote: str | None = None,
-        remote_check: timedelta = timedelta(seconds=5),
-        file_layer: FileLayer | None = None,
+        self, path: str | Path, *, options: StoreOptions | None = None, **kwargs: Any
     ) -> None:
         """Open the store at ``path``, creating it (writer) or failing (read-only) if absent.
 
-        :param durability: ``"commit"`` fsyncs before ``commit`` returns;
-            ``"group"`` fsyncs in the background within ``group_delay``
-            (see :meth:`wait_durable`); ``"none"`` never syncs until close and
-            loses recent commits on power loss: for tests and benchmarks only.
-        :param segment_bytes: roll to a new segment past this size.
-        :param fragment_bytes: split records larger than this into fragments
-            (default: 1 MiB, or ``segment_bytes`` if smaller).
-        :param max_record_bytes: refuse commits whose record is larger.
-        :param readonly: read the last durable state without taking the lock.
-        :param strict: raise :class:`CorruptionError` on damage before the log's tail
-            instead of recovering to the last good commit.
-        :param base_refresh: how often the writer looks for a new snapshot to
-            use as its base level (swapped in off the commit path).
-        :param compactor: ``"none"`` (default: run the ``statelog-compactor``
-            daemon), or start one with the writer: ``"process"`` (a child
-            process) or ``"thread"``; it folds sealed segments every
-            ``compactor_interval`` once ``min_tail_bytes`` accumulated, and
-            keeps ``retain`` snapshots.
-        :param remote: ``s3://bucket/prefix`` of the store's remote copy
-            (writer only, with ``compactor="none"``; docs/remote.md). A
-            missing or empty ``path`` is restored from it first (a takeover);
-            after recovery the writer claims its generation
-            (:attr:`generation`). Shipping is the daemon's job.
-        :param remote_check: with ``remote``, how often a background thread
-            re-checks that this writer's generation still owns the store
-            (it is also checked before every roll to a new segment).
+        The options are a :class:`StoreOptions` passed as ``options=``, or its
+        fields as keywords (``durability="group"``); the defaults and the
+        meaning of each are documented there. In short: ``durability``
+        (``"commit"``, ``"group"`` with ``group_delay``, ``"none"``), the
+        log's ``segment_bytes``, ``fragment_bytes`` and ``max_record_bytes``,
+        ``readonly``, ``strict``, the writer's ``base_refresh``, an in-process
+        ``compactor`` (``compactor_interval``, ``min_tail_bytes``, ``retain``),
+        ``remote`` with ``remote_check``, and a ``file_layer``.
+
+        Read-only: recovers without the lock and without changing the store
+        (:func:`~statelog.recovery.readonly.recover_readonly`). Writer: runs
+        the open sequence of :mod:`statelog.store.writer_open`, then starts the
+        in-process compactor, if any (closing the store again if that fails).
+
+        :raises InvalidOptionError: an unknown or bad option, or both
+            ``options=`` and keywords; nothing was touched.
+        :raises RemoteConfigError: ``remote`` is not a usable URL or environment.
+        :raises StoreNotFoundError: read-only, and ``path`` holds no store.
         :raises StoreLockedError: another writer has the store open.
         :raises FencedError: ``remote``: another host owns the store.
         :raises RemoteError: ``remote``: the restore or the claim failed
@@ -143,67 +107,37 @@ class StateStore(StoreReads, StoreDurability, WriterOpen):
         :raises FormatVersionError: files of a newer format.
         :raises StorageError: an I/O error while reading or creating files.
         """
-        if fragment_bytes is None:
-            fragment_bytes = min(_MiB, segment_bytes) if isinstance(segment_bytes, int) else _MiB
-        check_options(durability, group_delay, segment_bytes, fragment_bytes, max_record_bytes)
-        for name, flag in (("readonly", readonly), ("strict", strict)):
-            if not isinstance(flag, bool):
-                raise InvalidOptionError(f"{name}={flag!r}", hint="pass True or False")
-        check_compactor_options(compactor, compactor_interval, min_tail_bytes, retain)
-        if not isinstance(base_refresh, timedelta) or base_refresh <= timedelta(0):
-            raise InvalidOptionError(f"base_refresh={base_refresh!r}", hint="a positive timedelta")
-        check_remote_options(remote, remote_check, readonly, compactor)
+        opts = resolve_options(options, kwargs)
         metrics.install()  # before recovery, so the recovery's events are counted
         self.path = Path(path)
-        self.readonly = readonly
-        self._durability = durability
-        self._max_record = max_record_bytes
-        self._files = file_layer or FileLayer()
-        self._layout = StoreLayout(self.path)
-        self._state = LiveState()
+        self.readonly = opts.readonly
+        self._options = opts
         self._lock = threading.Lock()  # serialises commits and close
         self._view = threading.Lock()  # makes each applied commit visible whole
         self._closed = False
-        self._wal: WalWriter | None = None
-        self._writer_lock: StoreLock | None = None
-        self._group: GroupCommitter | None = None
-        self._watcher: BaseWatcher | None = None
-        self._compactor: InProcessCompactor | None = None
-        self._ro_images: Path | None = None
-        self._boundaries: dict[int, int] = {}
-        self._remote = remote
-        self._fence: FenceWatch | None = None
+        self._writer: StoreWriter | None = None
+        self._ro: ReadOnlyRecovery | None = None
         self.generation = 0
         """The remote writer generation this writer holds (0: no ``remote``)."""
         self.restored: RestoreResult | None = None
         """What the restore of ``remote=`` did, if this open restored ``path``; else None."""
-        if readonly:
-            self.store_id = self._layout.read_identity(self._files)
-            # Changes nothing in the store: a snapshot image goes to a private
-            # temp dir; truncated_bytes counts the unfinished tail it ignored.
-            self._ro_images = Path(tempfile.mkdtemp(prefix="statelog-ro-"))
-            try:
-                self.recovery, _ = recover_store(
-                    self._files,
-                    self._layout,
-                    self.store_id,
-                    self._state,
-                    image_dir=self._ro_images,
-                    repair=False,
-                    strict=strict,
-                )
-            except BaseException:
-                self._state.base.close()
-                self._drop_images()
-                raise
-            self._synced_epoch = self._state.epoch
+        files = opts.file_layer or FileLayer()
+        if opts.readonly:
+            self._ro = ro = recover_readonly(self.path, files=files, strict=opts.strict)
+            self._state: LiveState = ro.state
+            self.store_id = ro.store_id
+            self.recovery: RecoveryReport = ro.report
             return
-        self._open_writer(
-            strict, segment_bytes, fragment_bytes, group_delay, base_refresh, remote_check
+        self._state = LiveState()
+        opened = open_writer(
+            StoreLayout(self.path), files, self._state, self._view, self._lock, opts
         )
+        self._writer = writer = opened.writer
+        self.store_id, self.recovery = opened.store_id, opened.recovery
+        self.generation, self.restored = opened.generation, opened.restored
         try:
-            self._compactor = start_compactor(
-                compactor, self.path, compactor_interval, min_tail_bytes, retain
+            writer.compactor = start_compactor(
+                opts.compactor, self.path, opts.compactor_interval, opts.min_tail_bytes, opts.retain
             )
         except BaseException:
             self.close()
@@ -213,6 +147,11 @@ class StateStore(StoreReads, StoreDurability, WriterOpen):
     def open(path: str | Path, **options: Any) -> StateStore:
         """Alias of :func:`statelog.open`."""
         return open(path, **options)
+
+    @property
+    def options(self) -> StoreOptions:
+        """The options this store was opened with."""
+        return self._options
 
     # -- context manager -------------------------------------------------
     def __enter__(self) -> StateStore:
@@ -276,7 +215,9 @@ class StateStore(StoreReads, StoreDurability, WriterOpen):
         ``started`` is the ``perf_counter`` of the commit call: the latency
         observed covers validation and waiting for the lock too.
         """
-        group = self._group
+        w = self._writer
+        assert w is not None  # _check_writable refused a read-only store
+        group = w.group
         if group is not None and group.failure is not None:
             raise group.failure
         epoch = self._state.epoch + 1
@@ -284,24 +225,24 @@ class StateStore(StoreReads, StoreDurability, WriterOpen):
             payload = encode_record(CommitRecord(epoch, offsets, wm, deltas))
         except ENCODE_ERRORS as exc:  # e.g. a lone surrogate in a name
             raise InvalidCommitError(f"the commit cannot be encoded: {exc}") from exc
-        if len(payload) > self._max_record:
+        if len(payload) > w.max_record:
             raise InvalidCommitError(
-                f"commit record is {len(payload)} bytes, over max_record_bytes={self._max_record}",
+                f"commit record is {len(payload)} bytes, over max_record_bytes={w.max_record}",
                 hint="split the commit into smaller ones or raise max_record_bytes",
             )
-        assert self._wal is not None
-        sync = self._durability == "commit"
-        self._wal.append(payload, sync=sync)
+        wal = w.wal
+        sync = w.sync_each
+        wal.append(payload, sync=sync)
         if sync:
-            self._synced_epoch = epoch
+            w.synced_epoch = epoch
         with self._view:
             state = self._state
-            if self._wal.sequence != state.generations[-1].segment:
-                state.begin_generation(self._wal.sequence)
+            if wal.sequence != state.generations[-1].segment:
+                state.begin_generation(wal.sequence)
             state.apply(epoch, offsets, wm, ((d.name, d.keys, d.values, d.deletes) for d in deltas))
         if group is not None:
             group.written_up_to(epoch)
-        m = self._metrics
+        m = w.metrics
         m.commits.inc()
         m.commit_seconds.observe(time.perf_counter() - started)
         return epoch
@@ -312,9 +253,82 @@ class StateStore(StoreReads, StoreDurability, WriterOpen):
         if self.readonly:
             raise ReadOnlyStoreError(f"store {self.path} was opened read-only")
 
+    # -- durability ------------------------------------------------------
+    def flush(self) -> None:
+        """Make every commit so far durable now (a no-op with ``durability="commit"``).
+
+        Durability is :mod:`statelog.store.writer`'s; a read-only store has nothing to sync.
+
+        :raises StorageError: the sync failed.
+        """
+        if self._writer is not None:
+            self._writer.flush()
+
+    def wait_durable(self, epoch: int, timeout: timedelta | float | None = None) -> bool:
+        """Block until commit ``epoch`` is durable; False if ``timeout`` passed first.
+
+        :raises StorageError: a background sync failed before ``epoch`` was durable.
+        """
+        if self._writer is None:
+            return epoch <= self._state.epoch
+        return self._writer.wait_durable(epoch, timeout)
+
+    @property
+    def durable_epoch(self) -> int:
+        """The highest epoch known to be synced to disk (for a read-only store: its epoch)."""
+        if self._writer is None:
+            return self._state.epoch
+        return self._writer.durable_epoch
+
+    # -- reading ---------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch of the last commit (0 for a new store)."""
+        return self._state.epoch
+
+    @property
+    def offsets(self) -> dict[str, int]:
+        """A copy of the committed consumer offsets."""
+        with self._view:
+            return dict(self._state.offsets)
+
+    @property
+    def low_watermark_ms(self) -> int:
+        return self._state.low_watermark_ms
+
+    def get(self, key: Key, default: Any = None, table: str = "default") -> Any:
+        """The value of ``key`` in ``table`` (a fresh object), or ``default``."""
+        with self._view:
+            raw = self._state.get(table, key)
+        return default if raw is None else decode_value(raw)
+
+    def items(self, table: str = "default", prefix: Key | None = None) -> Iterator[tuple[Key, Any]]:
+        """``(key, value)`` pairs of ``table`` in key order (bytes keys first, then str).
+
+        The pairs are taken at the call, so later commits do not show up
+        mid-iteration; values are decoded as they are yielded.
+        """
+        with self._view:
+            pairs = list(self._state.items(table, prefix))
+        for k, raw in pairs:
+            yield k, decode_value(raw)
+
+    def count(self, table: str = "default") -> int:
+        """Number of live keys in ``table``."""
+        with self._view:
+            return self._state.count(table)
+
+    def tables(self) -> list[str]:
+        """Names of the tables that have ever been written."""
+        with self._view:
+            return self._state.tables()
+
     # -- closing ---------------------------------------------------------
     def close(self) -> None:
         """Flush, seal the active segment, release the lock. Idempotent.
+
+        In order: refuse further commits; stop the writer's threads; unmap
+        the base (and remove a read-only store's private image); seal.
 
         :raises StorageError: sealing failed; the lock is released anyway and
             the next open recovers the unsealed segment.
@@ -323,61 +337,43 @@ class StateStore(StoreReads, StoreDurability, WriterOpen):
             if self._closed:
                 return
             self._closed = True  # from here on, commits are refused
-        if not self.readonly:
-            metrics.unwatch(self.path)
-        # The flusher takes _lock to find the file it syncs: stop it unlocked.
-        if self._group is not None:
-            self._group.stop()
-        if self._compactor is not None:
-            self._compactor.stop()
-        if self._watcher is not None:
-            self._watcher.stop()
-        if self._fence is not None:
-            self._fence.stop()
+        w = self._writer
+        if w is not None:
+            w.stop()  # unlocked: the flusher takes _lock to find the file it syncs
         with self._view:
-            self._state.base.close()
-        self._drop_images()
-        with self._lock:
-            try:
-                if self._wal is not None:
-                    # After a failed sync a seal could vouch for records the
-                    # kernel dropped: leave the segment to recovery instead.
-                    if self._wal.poisoned or (self._group and self._group.failure):
-                        self._wal.close()
-                    else:
-                        self._wal.seal()
-                        self._synced_epoch = self._state.epoch
-            finally:
-                if self._writer_lock is not None:
-                    self._writer_lock.release()
-
-    def _drop_images(self) -> None:
-        if self._ro_images is not None:
-            shutil.rmtree(self._ro_images, ignore_errors=True)
-            self._ro_images = None
+            if self._ro is not None:
+                self._ro.close()
+            else:
+                self._state.base.close()
+        if w is not None:
+            with self._lock:
+                w.finish()
 
     @property
     def closed(self) -> bool:
         return self._closed
 
     def __repr__(self) -> str:
-        mode = "readonly" if self.readonly else self._durability
+        mode = "readonly" if self.readonly else self._options.durability
         return (
             f"<StateStore {self.path} epoch={self.epoch} {mode}{' closed' if self._closed else ''}>"
         )
 
 
-def open(path: str | Path, **options: Any) -> StateStore:
-    """Create or recover the store at ``path``; see :class:`StateStore` for ``options``.
+def open(path: str | Path, *, options: StoreOptions | None = None, **kwargs: Any) -> StateStore:
+    """Create or recover the store at ``path``; see :class:`StoreOptions` for the options.
 
-    Use as a context manager: ``with statelog.open(path) as store: ...``.
+    Options are :class:`StoreOptions` fields as keywords
+    (``statelog.open(path, durability="group")``), or one object
+    (``statelog.open(path, options=StoreOptions(durability="group"))``);
+    not both. Use as a context manager: ``with statelog.open(path) as store: ...``.
+
+    :raises InvalidOptionError: an unknown or bad option; nothing was changed.
+    :raises StorageError: an I/O error (permissions, a read-only file system, ...).
+    :raises StatelogError: as :class:`StateStore`.
     """
     try:
-        return StateStore(path, **options)
-    except TypeError as exc:
-        if "unexpected keyword argument" in str(exc):
-            raise InvalidOptionError(str(exc)) from None
-        raise
+        return StateStore(path, options=options, **kwargs)
     except StatelogError:
         raise
     except OSError as exc:  # permissions, a read-only file system, ...

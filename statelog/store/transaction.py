@@ -113,7 +113,7 @@ class Transaction:
             size = len(encode_record(record))
         except ENCODE_ERRORS as exc:
             raise InvalidCommitError(f"the commit cannot be encoded: {exc}") from exc
-        limit = store._max_record
+        limit = store.options.max_record_bytes
         if size > limit:
             raise InvalidCommitError(
                 f"commit record is {size} bytes, over max_record_bytes={limit}",

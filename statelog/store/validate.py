@@ -9,10 +9,9 @@ live state and (later) the base snapshot.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import timedelta
 from typing import Any
 
-from statelog.errors import InvalidCommitError, InvalidOptionError
+from statelog.errors import InvalidCommitError
 from statelog.format.records import TableDelta, encode_value
 from statelog.state.live import Key
 
@@ -21,8 +20,6 @@ __all__ = [
     "MAX_KEY_BYTES",
     "check_key",
     "check_offsets",
-    "check_options",
-    "check_remote_options",
     "check_watermark",
     "table_delta",
 ]
@@ -178,63 +175,3 @@ def check_watermark(wm: Any, current: int) -> int:
             hint="the low watermark only advances; pass store.low_watermark_ms to keep it",
         )
     return int(wm)
-
-
-def check_options(
-    durability: Any, delay: Any, segment: Any, fragment: Any, max_record: Any
-) -> None:
-    """Validate the options of ``statelog.open`` before anything is touched.
-
-    :raises InvalidOptionError: an unknown durability, a delay outside (0, 10 s],
-        or a size out of range.
-    """
-    if durability not in ("commit", "group", "none"):
-        raise InvalidOptionError(
-            f"durability={durability!r}", hint='use "commit", "group" or "none"'
-        )
-    if not isinstance(delay, timedelta) or not timedelta(0) < delay <= timedelta(seconds=10):
-        raise InvalidOptionError(f"group_delay={delay!r}", hint="a timedelta in (0, 10 s]")
-    for name, value, low in (
-        ("segment_bytes", segment, 4096),
-        ("fragment_bytes", fragment, 64),
-        ("max_record_bytes", max_record, 64),
-    ):
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 1 << 32:
-            raise InvalidOptionError(f"{name}={value!r}", hint=f"an int from {low} to 2**32-1")
-    if fragment > segment:
-        raise InvalidOptionError("fragment_bytes is larger than segment_bytes")
-
-
-def check_remote_options(remote: Any, interval: Any, readonly: Any, compactor: Any) -> None:
-    """Validate ``remote=`` and ``remote_check=`` of ``statelog.open`` before any I/O.
-
-    The URL and the AWS_* environment are parsed here too, so a bad one
-    fails before anything is restored, created or contacted.
-
-    :raises InvalidOptionError: ``remote_check`` not a positive timedelta;
-        ``remote`` not a str; ``remote`` with ``readonly=True`` (a read-only
-        open never restores nor claims a store) or with an in-process
-        compactor (it would never ship: the daemon ships).
-    :raises RemoteConfigError: the URL or the environment is unusable.
-    """
-    if not isinstance(interval, timedelta) or interval <= timedelta(0):
-        raise InvalidOptionError(f"remote_check={interval!r}", hint="a positive timedelta")
-    if remote is None:
-        return
-    if not isinstance(remote, str):
-        raise InvalidOptionError(f"remote={remote!r}", hint="an s3://bucket/prefix URL, or None")
-    if readonly is True:
-        raise InvalidOptionError(
-            "remote= cannot be combined with readonly=True",
-            hint="a read-only open never restores nor claims a store: run "
-            "`statelog restore URL STORE` first, then open STORE read-only",
-        )
-    if compactor != "none":
-        raise InvalidOptionError(
-            f"remote= cannot be combined with compactor={compactor!r}",
-            hint="the in-process compactor never ships: run "
-            "`statelog-compactor --remote URL STORE` beside the writer instead",
-        )
-    from statelog.remote.url import parse_remote_url  # not at import: most stores have no remote
-
-    parse_remote_url(remote)

@@ -1,8 +1,9 @@
 """The writer's open sequence: from an empty or existing directory to a log it can append to.
 
-:meth:`WriterOpen._open_writer`, mixed into :class:`~statelog.store.store.StateStore`
-once the options are checked, runs these steps in order; every write of a
-step is durable before the next step begins:
+:func:`open_writer`, called by :class:`~statelog.store.store.StateStore` with its
+checked :class:`~statelog.store.options.StoreOptions`, runs these steps in
+order and returns the store's :class:`~statelog.store.writer.StoreWriter`;
+every write of a step is durable before the next step begins:
 
 0. Refuse a directory that holds anything but a statelog store.
 1. With ``remote=URL``, before the writer's lock: :func:`restore_from_remote`
@@ -40,14 +41,12 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from statelog.errors import FencedError, StorageError
-from statelog.log.group_commit import GroupCommitter
 from statelog.log.writer import FenceWatch, WalWriter
 from statelog.ops import metrics
 from statelog.ops.metrics import StoreMetrics
@@ -58,12 +57,13 @@ from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
 from statelog.storage.lock import StoreLock
 from statelog.store.base_watcher import BaseWatcher
-from statelog.store.durability import Durability
+from statelog.store.options import StoreOptions
+from statelog.store.writer import StoreWriter
 
 if TYPE_CHECKING:
     from statelog.remote import RemoteClient, RestoreResult
 
-__all__ = ["OpenedLog", "WriterOpen", "open_log", "restore_from_remote"]
+__all__ = ["OpenedLog", "OpenedWriter", "open_log", "open_writer", "restore_from_remote"]
 
 # The writer's own logger: these lines are the open of a store.
 log = logging.getLogger("statelog.store.store")
@@ -73,7 +73,7 @@ _CHECK_DEADLINE = timedelta(seconds=5)  # a fence check on the commit path, retr
 
 @dataclass(frozen=True, slots=True)
 class OpenedLog:
-    """What :func:`open_log` hands to the store."""
+    """What :func:`open_log` hands to :func:`open_writer`."""
 
     store_id: uuid.UUID
     recovery: RecoveryReport
@@ -81,92 +81,91 @@ class OpenedLog:
     generation: int  # the remote writer generation claimed (0: no remote)
 
 
-class WriterOpen:
-    """Mixed into StateStore, which sets the attributes declared here before the open."""
+@dataclass(frozen=True, slots=True)
+class OpenedWriter:
+    """What :func:`open_writer` hands to the store."""
 
-    path: Path
+    writer: StoreWriter
     store_id: uuid.UUID
     recovery: RecoveryReport
-    generation: int
-    restored: RestoreResult | None
-    _files: FileLayer
-    _layout: StoreLayout
-    _state: LiveState
-    _view: threading.Lock
-    _durability: Durability
-    _boundaries: dict[int, int]
-    _remote: str | None
-    _wal: WalWriter | None
-    _writer_lock: StoreLock | None
-    _metrics: StoreMetrics
-    _synced_epoch: int
-    _group: GroupCommitter | None
-    _group_sync: Callable[[], None]
-    _watcher: BaseWatcher | None
-    _fence: FenceWatch | None
+    generation: int  # the remote writer generation claimed (0: no remote)
+    restored: RestoreResult | None  # what the restore of ``remote=`` did, if it ran
 
-    def _open_writer(
-        self,
-        strict: bool,
-        segment_bytes: int,
-        fragment_bytes: int,
-        group_delay: timedelta,
-        base_refresh: timedelta,
-        remote_check: timedelta,
-    ) -> None:
-        """Steps 0-3 of the module docstring.
 
-        :raises NotAStoreError: ``path`` holds something else.
-        :raises StoreLockedError: another writer has the store open.
-        :raises FencedError, RemoteError: ``remote``: as :func:`restore_from_remote`
-            and :func:`open_log`.
-        :raises StorageError, CorruptionError, FormatVersionError, ResnapshotRequired:
-            as :func:`open_log`.
-        """
-        self._layout.check_can_host()
-        remote = None
-        if self._remote is not None:
-            client, self.restored = restore_from_remote(self.path, self._remote)
-            remote = (self._remote, client)
-        self._files.makedirs(self.path)
-        self._writer_lock = lock = StoreLock(self.path)
-        self._metrics = metrics.bind(self.path)
-        try:
-            opened = open_log(
-                self.path,
-                self._layout,
-                self._files,
-                self._state,
-                self._boundaries,
-                strict=strict,
-                segment_bytes=segment_bytes,
-                fragment_bytes=fragment_bytes,
-                store_metrics=self._metrics,
-                remote=remote,
-            )
-            self.store_id, self.recovery = opened.store_id, opened.recovery
-            self.generation = opened.generation
-            self._wal = wal = opened.wal
-            self._synced_epoch = epoch = self._state.epoch
-            if self._durability == "group":
-                self._group = GroupCommitter(self._group_sync, group_delay.total_seconds(), epoch)
-        except BaseException:
-            self._state.base.close()
-            lock.release()
-            raise
-        self._watcher = BaseWatcher(
-            files=self._files,
-            snapshots=self._layout.snapshots,
-            image_dir=self._layout.base,
-            store_id=self.store_id,
-            state=self._state,
-            view=self._view,
-            boundaries=self._boundaries,
-            interval=base_refresh.total_seconds(),
+def open_writer(
+    layout: StoreLayout,
+    files: FileLayer,
+    state: LiveState,
+    view: threading.Lock,
+    commits: threading.Lock,
+    options: StoreOptions,
+) -> OpenedWriter:
+    """Steps 0-3 of the module docstring; ``state`` is the store's, loaded by recovery.
+
+    ``view`` is the store's view lock (the base watcher swaps under it);
+    ``commits`` its commit lock (the writer's syncs take it).
+
+    :raises NotAStoreError: the path holds something else.
+    :raises StoreLockedError: another writer has the store open.
+    :raises FencedError, RemoteError: ``remote``: as :func:`restore_from_remote`
+        and :func:`open_log`.
+    :raises StorageError, CorruptionError, FormatVersionError, ResnapshotRequired:
+        as :func:`open_log`.
+    """
+    path = layout.root
+    layout.check_can_host()
+    remote = restored = None
+    if options.remote is not None:
+        client, restored = restore_from_remote(path, options.remote)
+        remote = (options.remote, client)
+    files.makedirs(path)
+    lock = StoreLock(path)
+    store_metrics = metrics.bind(path)
+    boundaries: dict[int, int] = {}
+    try:
+        opened = open_log(
+            path,
+            layout,
+            files,
+            state,
+            boundaries,
+            strict=options.strict,
+            segment_bytes=options.segment_bytes,
+            fragment_bytes=options.fragment_size,
+            store_metrics=store_metrics,
+            remote=remote,
         )
-        metrics.watch(self.path)  # close() unwatches, also on a failure after this
-        if wal.fence_check is not None:
-            self._fence = FenceWatch(wal, wal.fence_check, remote_check.total_seconds())
+        writer = StoreWriter(
+            path=path,
+            wal=opened.wal,
+            file_lock=lock,
+            commits=commits,
+            state=state,
+            durability=options.durability,
+            group_delay=options.group_delay,
+            max_record=options.max_record_bytes,
+            store_metrics=store_metrics,
+        )
+    except BaseException:
+        state.base.close()
+        lock.release()
+        raise
+    writer.watcher = BaseWatcher(
+        files=files,
+        snapshots=layout.snapshots,
+        image_dir=layout.base,
+        store_id=opened.store_id,
+        state=state,
+        view=view,
+        boundaries=boundaries,
+        interval=options.base_refresh.total_seconds(),
+    )
+    metrics.watch(path)  # the writer's stop() unwatches, also on a failure after this
+    wal = opened.wal
+    if wal.fence_check is not None:
+        interval = options.remote_check.total_seconds()
+        writer.fence = FenceWatch(wal, wal.fence_check, interval)
+    return OpenedWriter(writer, opened.store_id, opened.recovery, opened.generation, restored)
 
 
 def restore_from_remote(path: Path, url: str) -> tuple[RemoteClient, RestoreResult | None]:
@@ -177,7 +176,8 @@ def restore_from_remote(path: Path, url: str) -> tuple[RemoteClient, RestoreResu
     :raises RemoteConfigError: a bad URL or ``AWS_*`` environment.
     :raises RemoteError: the restore failed; ``path`` is as it was.
     """
-    from statelog.remote import RemoteClient, restore_if_empty  # the remote tier imports the store
+    # Not at import: the remote tier (obstore) adds about 45 ms to `import statelog`.
+    from statelog.remote import RemoteClient, restore_if_empty
 
     client = RemoteClient.from_url(url)
     return client, restore_if_empty(path, url, client=client)
@@ -277,7 +277,7 @@ def _claim(
         newer than the generation claimed.
     :raises RemoteError: the object store could not be reached.
     """
-    from statelog.remote import RemoteClient, RetryPolicy, check, claim
+    from statelog.remote import RemoteClient, RetryPolicy, check, claim  # as above: 45 ms
 
     gen = claim(path, url, client=client)
     if gen < logged:

@@ -1,0 +1,123 @@
+"""Read-only recovery: the last durable state of a store, without changing a byte of it.
+
+What a read-only open sees, for the read-only store and for every tool that
+must know what an open would reach (``verify``, a restore's final check):
+the identity is read, then :func:`~statelog.recovery.ladder.recover_store`
+runs with ``repair=False``. Nothing is moved aside, cut or created in the
+store; the chosen snapshot's image is extracted to a private temporary
+directory, removed again by :meth:`ReadOnlyRecovery.close`. An unfinished
+tail is ignored (``report.truncated_bytes`` counts it), not cut.
+
+No lock is taken: a writer may keep appending meanwhile, and what is
+recovered is the log as it was when each file was read.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+from statelog.errors import StorageError
+from statelog.recovery.ladder import recover_store
+from statelog.recovery.report import RecoveryReport
+from statelog.state.live import LiveState
+from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import StoreLayout
+
+__all__ = ["ReadOnlyRecovery", "recover_readonly"]
+
+
+class ReadOnlyRecovery:
+    """A store recovered read-only: its state, the report, and the image it maps.
+
+    Use as a context manager, or call :meth:`close` to unmap the base level
+    and remove the private image directory. ``state`` must not be read after.
+    """
+
+    __slots__ = ("_image_dir", "report", "root", "state", "store_id")
+
+    def __init__(
+        self,
+        root: Path,
+        store_id: uuid.UUID,
+        state: LiveState,
+        report: RecoveryReport,
+        image_dir: Path,
+    ) -> None:
+        self.root = root
+        self.store_id = store_id
+        self.state = state
+        """The recovered state: every commit of the verified log, nothing more."""
+        self.report = report
+        self._image_dir: Path | None = image_dir
+
+    @property
+    def image_dir(self) -> Path | None:
+        """The private directory of the extracted snapshot image; None once closed."""
+        return self._image_dir
+
+    @property
+    def closed(self) -> bool:
+        return self._image_dir is None
+
+    def close(self) -> None:
+        """Unmap the base level and remove the private image directory. Idempotent."""
+        if self._image_dir is None:
+            return
+        self.state.base.close()
+        shutil.rmtree(self._image_dir, ignore_errors=True)
+        self._image_dir = None
+
+    def __enter__(self) -> ReadOnlyRecovery:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ReadOnlyRecovery {self.root} epoch={self.report.epoch}>"
+
+
+def recover_readonly(
+    root: Path, *, files: FileLayer | None = None, strict: bool = False
+) -> ReadOnlyRecovery:
+    """Recover the store at ``root`` read-only (see the module docstring).
+
+    Steps: read ``IDENTITY``; make a private temporary directory; recover
+    into a fresh :class:`LiveState`, extracting a snapshot's image there.
+    A failure closes the base and removes the directory before it raises.
+
+    :param files: the file operations to go through (default: the real ones).
+    :param strict: raise :class:`CorruptionError` on damage before the log's
+        tail instead of recovering to the last good commit.
+    :raises StoreNotFoundError: ``root`` holds no store.
+    :raises NotAStoreError: ``root`` is a file.
+    :raises CorruptionError: the identity is unreadable, or ``strict`` and
+        the log is damaged.
+    :raises ResnapshotRequired: no usable snapshot and the log does not reach epoch 1.
+    :raises FormatVersionError: files of a newer format.
+    :raises StorageError: an I/O error while reading.
+    """
+    files = files or FileLayer()
+    layout = StoreLayout(Path(root))
+    store_id = layout.read_identity(files)
+    try:
+        image_dir = Path(tempfile.mkdtemp(prefix="statelog-ro-"))
+    except OSError as exc:
+        raise StorageError(
+            f"creating a temporary directory for {root} failed: {exc}",
+            errno=exc.errno,
+            hint="set TMPDIR to a writable directory; the store was not changed",
+        ) from exc
+    state = LiveState()
+    try:
+        report, _ = recover_store(
+            files, layout, store_id, state, image_dir=image_dir, repair=False, strict=strict
+        )
+    except BaseException:
+        state.base.close()
+        shutil.rmtree(image_dir, ignore_errors=True)
+        raise
+    return ReadOnlyRecovery(layout.root, store_id, state, report, image_dir)
