@@ -1,4 +1,4 @@
-"""ENOSPC and EIO injected into every durable step (tests/faults.py).
+"""ENOSPC and EIO injected into every durable step (the fault layer of ``statelog.kit``).
 
 The contract (an I/O error is never taken for damage):
 
@@ -25,8 +25,17 @@ from typing import Any
 import pytest
 
 import statelog
-from tests.faults import FaultyFiles, Kind, commit_with_model, model_of
-from tests.helpers import Commit, build_store, model_at, segments, simple_commits, snapshot_of
+from statelog.kit import FaultyFiles, Kind
+from tests.helpers import (
+    Commit,
+    build_store,
+    commit_with_model,
+    model_at,
+    model_of,
+    segments,
+    simple_commits,
+    snapshot_of,
+)
 
 Models = list[dict[str, Any]]
 FAILED = Commit(put={"failed": "must never be seen"}, delete=("k1-1",))

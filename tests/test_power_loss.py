@@ -1,4 +1,4 @@
-"""Simulated power loss (tests/faults.py): what a crash leaves must recover to a prefix.
+"""Simulated power loss (``statelog.kit``): what a crash leaves must recover to a prefix.
 
 Invariants (docs/architecture.md): 2, recovered state is exactly the fold of commits
 1..E, never a mix; 3, with ``durability="commit"`` every acknowledged commit
@@ -29,13 +29,15 @@ from typing import Any, get_args
 import pytest
 
 import statelog
-from tests.faults import CrashMode, FaultyFiles, commit_with_model, model_of
+from statelog.kit import CrashMode, FaultyFiles
 from tests.helpers import (
     Commit,
     build_store,
+    commit_with_model,
     flip_bit,
     frames,
     model_at,
+    model_of,
     segments,
     simple_commits,
     snapshot_of,
