@@ -187,7 +187,8 @@ class Stream:
         if rng.random() >= self.transaction_ratio:
             table = BLOB_TABLE if ops else rng.choice(self.tables)
             if not ops:
-                picked = rng.sample(range(self.key_space), rng.randrange(0, self.max_ops + 1))
+                n_ops = min(rng.randrange(0, self.max_ops + 1), self.key_space)
+                picked = rng.sample(range(self.key_space), n_ops)
                 for n in picked:
                     if rng.random() < self.delete_ratio:
                         ops.append(Op(table, self.key(table, n), delete=True))
