@@ -5,7 +5,9 @@ The workload models a reconciler over three source partitions. Drill commit
 ``(seed, origin, j)``:
 
 * each partition advances by 0-6 events; every new event goes into the
-  in-flight buffer table (:data:`BUFFER`), stamped with the commit's time;
+  in-flight buffer table (:data:`BUFFER`), stamped with the commit's time
+  and carrying a record of the testing kit's reconciler workload
+  (:func:`statelog.kit.make_value`);
 * the low watermark advances; every buffered event older than it is removed
   from the buffer and applied to the idempotent downstream, the table
   :data:`APPLIED` (event id -> amount, each id applied once), and added to
@@ -47,7 +49,7 @@ from typing import Any
 
 import statelog
 from statelog.compaction.fold import compact
-from statelog.kit import DURABLE, FaultyFiles, Pause, Step
+from statelog.kit import DURABLE, FaultyFiles, Pause, Step, make_value
 from statelog.storage.fileio import FileLayer
 
 __all__ = [
@@ -134,9 +136,11 @@ def watermark_at(origin: Origin, j: int) -> int:
 
 
 def _event_value(seed: int, eid: str, j: int) -> dict[str, Any]:
-    amount = event_amount(seed, eid)
-    # The padding makes segments fill and roll, so the compactor has work.
-    return {"amount": amount, "ts": j * STEP_MS, "pad": "p" * (amount % 160)}
+    # The event's record is the kit's reconciler record (its size makes segments
+    # fill and roll, so the compactor has work); amount and time are the drill's.
+    _, offset = parse_event_id(eid)
+    record = make_value(random.Random(f"statelog-drill-event:{seed}:{eid}"), offset, j * STEP_MS)
+    return {"amount": event_amount(seed, eid), "ts": j * STEP_MS, "record": record}
 
 
 def redelivery(seed: int, epoch: int) -> int:

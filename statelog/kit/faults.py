@@ -181,6 +181,7 @@ class FaultyFiles(FileLayer):
     # -- hooks -------------------------------------------------------------
     def _point(self, kind: Kind, path: Path, chunks: Sequence[Buffer] = ()) -> _Cut | None:
         """Pass one step: act on the faults it hits; a partial write is returned, not made."""
+        self._after = []  # waited for a step that failed: that step was never done
         if not self._dead:
             self.ops += 1
             self.trace.append(f"{kind} {path.name}")
