@@ -118,7 +118,9 @@ def build_store(path: Path, commits: Iterable[Commit], **options: Any) -> list[d
     return models
 
 
-def commit_with_model(store: statelog.StateStore, models: list[dict[str, Any]], commit: Any) -> int:
+def commit_with_model(
+    store: statelog.StateStore, models: list[dict[str, Any]], commit: Commit
+) -> int:
     """Commit a :class:`Commit` as ``build_store`` does; on success extend ``models``.
 
     ``models[e]`` is the model at epoch ``e`` (as ``build_store`` returns), so
@@ -136,7 +138,7 @@ def commit_with_model(store: statelog.StateStore, models: list[dict[str, Any]], 
     return epoch
 
 
-def model_of(prev: dict[str, Any], commit: Any, epoch: int) -> dict[str, Any]:
+def model_of(prev: dict[str, Any], commit: Commit, epoch: int) -> dict[str, Any]:
     """The model after applying ``commit`` as epoch ``epoch`` on top of ``prev``."""
     offsets = commit.offsets if commit.offsets is not None else {"p0": epoch}
     wm = commit.watermark if commit.watermark is not None else epoch * 10

@@ -254,12 +254,13 @@ def _run_unsynced(tmp_path: Path, durability: str, *, confirm: bool) -> None:
         assert lost > 0, "no crash dropped an unsynced commit: the layer models nothing"
 
 
-def test_group_mode_recovers_a_prefix_no_older_than_confirmed(tmp_path: Path) -> None:
-    _run_unsynced(tmp_path, "group", confirm=True)
-
-
-def test_none_mode_recovers_a_prefix(tmp_path: Path) -> None:
-    _run_unsynced(tmp_path, "none", confirm=False)
+@pytest.mark.parametrize(
+    ("durability", "confirm"),
+    [("group", True), ("none", False)],
+    ids=["group-recovers-a-prefix-no-older-than-confirmed", "none-recovers-a-prefix"],
+)
+def test_unsynced_modes_recover_a_prefix(tmp_path: Path, durability: str, confirm: bool) -> None:
+    _run_unsynced(tmp_path, durability, confirm=confirm)
 
 
 def test_power_cut_during_recovery_repair(tmp_path: Path) -> None:
