@@ -113,26 +113,41 @@ def build_store(path: Path, commits: Iterable[Commit], **options: Any) -> list[d
     """
     models: list[dict[str, Any]] = [{"offsets": {}, "low_watermark_ms": 0, "tables": {}}]
     with statelog.open(path, **options) as store:
-        for i, c in enumerate(commits, start=1):
-            prev = models[-1]
-            offsets = c.offsets if c.offsets is not None else {"p0": i}
-            wm = c.watermark if c.watermark is not None else i * 10
-            store.commit(
-                offsets=offsets, low_watermark_ms=wm, put=c.put, delete=c.delete, table=c.table
-            )
-            tables = {t: dict(kv) for t, kv in prev["tables"].items()}
-            t = tables.setdefault(c.table, {})
-            for k in c.delete:
-                t.pop(k, None)
-            t.update(c.put)
-            models.append(
-                {
-                    "offsets": {**prev["offsets"], **offsets},
-                    "low_watermark_ms": wm,
-                    "tables": tables,
-                }
-            )
+        for c in commits:
+            commit_with_model(store, models, c)
     return models
+
+
+def commit_with_model(
+    store: statelog.StateStore, models: list[dict[str, Any]], commit: Commit
+) -> int:
+    """Commit a :class:`Commit` as ``build_store`` does; on success extend ``models``.
+
+    ``models[e]`` is the model at epoch ``e`` (as ``build_store`` returns), so
+    ``len(models) - 1`` is always the last acknowledged epoch.
+    """
+    nxt = model_of(models[-1], commit, len(models))
+    epoch = store.commit(
+        offsets=commit.offsets if commit.offsets is not None else {"p0": len(models)},
+        low_watermark_ms=nxt["low_watermark_ms"],
+        put=commit.put,
+        delete=commit.delete,
+        table=commit.table,
+    )
+    models.append(nxt)
+    return epoch
+
+
+def model_of(prev: dict[str, Any], commit: Commit, epoch: int) -> dict[str, Any]:
+    """The model after applying ``commit`` as epoch ``epoch`` on top of ``prev``."""
+    offsets = commit.offsets if commit.offsets is not None else {"p0": epoch}
+    wm = commit.watermark if commit.watermark is not None else epoch * 10
+    tables = {t: dict(kv) for t, kv in prev["tables"].items()}
+    t = tables.setdefault(commit.table, {})
+    for k in commit.delete:
+        t.pop(k, None)
+    t.update(commit.put)
+    return {"offsets": {**prev["offsets"], **offsets}, "low_watermark_ms": wm, "tables": tables}
 
 
 def snapshot_of(store: statelog.StateStore) -> dict[str, Any]:

@@ -25,10 +25,10 @@ import pytest
 import statelog
 from statelog import events
 from statelog.errors import AuditError
+from statelog.kit import FaultyFiles
 from statelog.ops import audit
 from statelog.ops.audit import AuditInputError, AuditTrail
 from statelog.storage.fileio import FileLayer
-from tests.faults import FaultyFiles
 
 
 @pytest.fixture(autouse=True)

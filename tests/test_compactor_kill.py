@@ -1,7 +1,7 @@
 """SIGKILL the compaction daemon again and again while a writer commits.
 
 A writer subprocess (``tests/compactor_stream.py writer``) commits the
-deterministic stream with per-commit durability and small segments, so the
+kit's seeded stream with per-commit durability and small segments, so the
 log rolls every few dozen commits; it prints ``ack i`` after each commit.
 Meanwhile compactor daemons (real ``python -m compactor`` processes,
 passing every few milliseconds with no tail trigger and ``--retain 2``)
@@ -13,7 +13,7 @@ are killed, one after another, at two kinds of moments:
 ``step``   the daemon SIGKILLs itself at its K-th durable step (K random):
            the scratch directory, the snapshot's temp file, its body, its
            sync, its rename, the directory fsync, a retention unlink
-           (``DieAt`` in ``tests/compactor_stream.py``).
+           (the kit's fault layer, armed by ``tests/compactor_stream.py``).
 
 After every kill:
 
@@ -42,13 +42,13 @@ from pathlib import Path
 import pytest
 
 from compactor import SCRATCH_DIR
+from statelog.kit import Model
 from statelog.storage.fileio import FileLayer
 from statelog.storage.snapshots import list_snapshots, verify_snapshot
-from tests.compactor_stream import apply as apply_commit
-from tests.compactor_stream import comparable, empty_model, model_at, snapshot_model
+from tests.compactor_stream import STREAM, snapshot_model
 from tests.test_compactor import PY, REPO, run_cli, wait_for
 
-STREAM = Path(__file__).with_name("compactor_stream.py")
+SCRIPT = Path(__file__).with_name("compactor_stream.py")
 DAEMON_ARGS = ["--interval", "0.005", "--min-tail-bytes", "0", "--retain", "2", "-v"]
 
 
@@ -58,7 +58,7 @@ class Writer:
     def __init__(self, store: Path, stop: Path) -> None:
         self.stop_file = stop
         self.proc = subprocess.Popen(
-            [PY, str(STREAM), "writer", str(store), str(stop), "--segment-bytes", "4096"],
+            [PY, str(SCRIPT), "writer", str(store), str(stop), "--segment-bytes", "4096"],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -114,14 +114,13 @@ class Checker:
     def __init__(self, store: Path, scratch: Path) -> None:
         self.store, self.scratch = store, scratch
         self.seen: set[tuple[str, int]] = set()
-        self.model = empty_model()
+        self.model = Model()
 
     def model_at(self, epoch: int) -> dict[str, object]:
-        if epoch < self.model["epoch"]:
-            self.model = model_at(epoch)
-        for i in range(self.model["epoch"] + 1, epoch + 1):
-            apply_commit(self.model, i)
-        return comparable(self.model)
+        if epoch < self.model.epoch:
+            self.model = Model()
+        STREAM.advance(self.model, epoch)
+        return {"epoch": epoch, **self.model.state()}
 
     def check(self, why: str) -> int:
         snap_dir = self.store / "snapshots"
@@ -165,9 +164,9 @@ def kill_loop(tmp_path: Path, rounds: int, seed: int) -> Counter[str]:
                 assert proc.stderr is not None
                 log = proc.stderr.read().decode()
             else:
-                k = rng.randint(1, 20)
+                k = rng.randint(1, 30)  # the first pass takes some 15-20 durable steps
                 proc = subprocess.Popen(
-                    [PY, str(STREAM), "die-at", str(k), "--", *DAEMON_ARGS, str(store)],
+                    [PY, str(SCRIPT), "die-at", str(k), "--", *DAEMON_ARGS, str(store)],
                     cwd=REPO,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,

@@ -1,14 +1,14 @@
 """``statelog drill`` through the real command line, and the checks behind it.
 
 The drill passes on a fresh store; each of its checks fails when the writer
-misbehaves on purpose (``STATELOG_DRILL_SABOTAGE``); bad arguments and an
-existing store without ``--force`` are refused before anything is written.
+it kills misbehaves on purpose (a test-side writer, ``tests/drill_liar.py``,
+passed to the drill's library entry point); bad arguments and an existing
+store without ``--force`` are refused before anything is written.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +18,12 @@ import pytest
 
 import statelog
 from compactor import compact
+from statelog.cli import build_parser
+from statelog.cli.drill import run as run_drill
 from statelog.cli.drill_writer import (
     APPLIED,
     BUFFER,
     PARTITIONS,
-    SABOTAGE_ENV,
     TOTAL_KEY,
     Model,
     Origin,
@@ -35,20 +36,27 @@ from statelog.cli.output import EXIT_USAGE
 from statelog.storage.snapshots import list_snapshots
 
 REPO = Path(__file__).resolve().parent.parent
+LIAR = Path(__file__).with_name("drill_liar.py")
 
 
-def drill(*args: str | Path, sabotage: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != SABOTAGE_ENV}
-    if sabotage:
-        env[SABOTAGE_ENV] = sabotage
+def drill(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "statelog.cli", "drill", *map(str, args)],
         cwd=REPO,
-        env=env,
         capture_output=True,
         text=True,
         timeout=180,
     )
+
+
+def drill_with_liar(
+    lie: str, *args: str | Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    """Run the drill in this process, killing the test-side writer that tells ``lie``."""
+    ns = build_parser().parse_args(["drill", *map(str, args)])
+    code = run_drill(ns, writer=[sys.executable, str(LIAR), lie])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def tree(root: Path) -> dict[str, bytes | None]:
@@ -97,23 +105,42 @@ def test_drill_prints_a_plain_table_when_not_on_a_terminal(tmp_path: Path) -> No
     assert not store.exists()  # a path that did not exist is removed after a pass
 
 
-def test_double_apply_on_replay_fails_the_round_after_the_resume(tmp_path: Path) -> None:
+def test_double_apply_on_replay_fails_the_round_after_the_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = tmp_path / "store"
-    got = drill(store, "--kills", "2", "--seed", "5", sabotage="double-apply")
-    assert got.returncode == 1, got.stdout + got.stderr
-    assert "round 2 FAIL: double count: running total" in got.stdout
-    assert "round 1 FAIL" not in got.stdout  # a fresh store redelivers nothing: round 1 is clean
-    assert got.stdout.splitlines()[-1] == "result: FAIL (round 2)"
-    assert f"kept for inspection: {store}" in got.stderr
+    code, out, err = drill_with_liar(
+        "double-apply", store, "--kills", "2", "--seed", "5", capsys=capsys
+    )
+    assert code == 1, out + err
+    assert "round 2 FAIL: double count: running total" in out
+    assert "round 1 FAIL" not in out  # a fresh store redelivers nothing: round 1 is clean
+    assert out.splitlines()[-1] == "result: FAIL (round 2)"
+    assert f"kept for inspection: {store}" in err
     assert (store / "IDENTITY").is_file()  # a failed drill keeps its store
 
 
-def test_an_ack_before_durability_is_caught(tmp_path: Path) -> None:
-    got = drill(tmp_path / "store", "--kills", "1", "--seed", "2", "--json", sabotage="lie-ack")
-    assert got.returncode == 1, got.stdout + got.stderr
-    (r,) = json.loads(got.stdout)["rounds"]
+def test_an_ack_before_durability_is_caught(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = drill_with_liar(
+        "lie-ack", tmp_path / "store", "--kills", "1", "--seed", "2", "--json", capsys=capsys
+    )
+    assert code == 1, out + err
+    (r,) = json.loads(out)["rounds"]
     assert r["verdict"] == "FAIL"
     assert any(p.startswith("lost acknowledged epochs") for p in r["problems"]), r
+
+
+def test_the_drill_passes_with_an_honest_writer_given_the_same_way(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The liar tests above fail because of the lie, not because of the writer= path.
+    ns = build_parser().parse_args(["drill", str(tmp_path / "s"), "--kills", "2", "--seed", "5"])
+    code = run_drill(ns, writer=[sys.executable, "-m", "statelog.cli.drill_writer"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert out.splitlines()[-1] == "result: PASS"
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""ENOSPC and EIO injected into every durable step (tests/faults.py).
+"""ENOSPC and EIO injected into every durable step (the fault layer of ``statelog.kit``).
 
 The contract (an I/O error is never taken for damage):
 
@@ -17,6 +17,7 @@ The contract (an I/O error is never taken for damage):
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 from datetime import timedelta
 from pathlib import Path
@@ -25,8 +26,17 @@ from typing import Any
 import pytest
 
 import statelog
-from tests.faults import FaultyFiles, Kind, commit_with_model, model_of
-from tests.helpers import Commit, build_store, model_at, segments, simple_commits, snapshot_of
+from statelog.kit import Fail, FaultyFiles, Kind
+from tests.helpers import (
+    Commit,
+    build_store,
+    commit_with_model,
+    model_at,
+    model_of,
+    segments,
+    simple_commits,
+    snapshot_of,
+)
 
 Models = list[dict[str, Any]]
 FAILED = Commit(put={"failed": "must never be seen"}, delete=("k1-1",))
@@ -90,26 +100,27 @@ def _reopened(path: Path, models: Models, **options: Any) -> statelog.StateStore
 
 # -- append and sync failures in commit mode ----------------------------------
 
-APPEND_FAULTS: dict[str, tuple[Kind, int, int | None, int]] = {
-    # kind, errno, times (None: until free_space), partial bytes of a short write
-    "write-enospc": ("write", errno.ENOSPC, None, 0),
-    "write-eio": ("write", errno.EIO, None, 0),
-    "short-write-enospc": ("write", errno.ENOSPC, None, 37),
-    "sync-eio": ("sync", errno.EIO, 1, 0),
-    "sync-enospc": ("sync", errno.ENOSPC, 1, 0),
+APPEND_FAULTS: dict[str, Fail] = {
+    # times=None: every matching step fails until free_space()
+    "write-enospc": Fail("write", errno=errno.ENOSPC, times=None),
+    "write-eio": Fail("write", errno=errno.EIO, times=None),
+    "short-write-enospc": Fail("write", errno=errno.ENOSPC, times=None, partial=37),
+    "sync-eio": Fail("sync", errno=errno.EIO),
+    "sync-enospc": Fail("sync", errno=errno.ENOSPC),
 }
 
 
-@pytest.mark.parametrize("fault", APPEND_FAULTS)
-def test_failed_append_is_invisible_and_commits_resume(tmp_path: Path, fault: str) -> None:
-    kind, code, times, partial = APPEND_FAULTS[fault]
+@pytest.mark.parametrize("name", APPEND_FAULTS)
+def test_failed_append_is_invisible_and_commits_resume(tmp_path: Path, name: str) -> None:
+    fault = dataclasses.replace(APPEND_FAULTS[name])  # a fresh count for every run
+    code = fault.errno
     path = tmp_path / "store"
     store, files = _open(path)
     models = _empty()
     _commit_n(store, models, 5)
-    files.fail(kind, errno=code, times=times, partial=partial)
+    files.add(fault)
     _fails(store, models, code)
-    if times is None:
+    if fault.times is None:
         _fails(store, models, code)  # the disk is still full: still refused, still invisible
     # Power loss while the disk is full: the failed commit is not on disk either.
     files.crash("prefix", into=tmp_path / "crashed", seed=1)
@@ -185,22 +196,23 @@ def test_failed_rollback_poisons_the_writer_until_reopen(tmp_path: Path, case: s
 
 # -- segment roll --------------------------------------------------------------
 
-ROLL_FAULTS: dict[str, tuple[Kind, int, str]] = {
+ROLL_FAULTS: dict[str, Fail] = {
     # ENOSPC creating the new segment's temp file, writing its header, EIO on the dir fsync
-    "create-enospc": ("create", errno.ENOSPC, ".wal.tmp"),
-    "header-write-enospc": ("write", errno.ENOSPC, ".wal.tmp"),
-    "dir-fsync-eio": ("fsync_dir", errno.EIO, "wal"),
+    "create-enospc": Fail("create", match=".wal.tmp", errno=errno.ENOSPC, times=None),
+    "header-write-enospc": Fail("write", match=".wal.tmp", errno=errno.ENOSPC, times=None),
+    "dir-fsync-eio": Fail("fsync_dir", match="wal", errno=errno.EIO, times=None),
 }
 
 
-@pytest.mark.parametrize("fault", ROLL_FAULTS)
-def test_error_creating_the_next_segment_on_roll(tmp_path: Path, fault: str) -> None:
-    kind, code, match = ROLL_FAULTS[fault]
+@pytest.mark.parametrize("name", ROLL_FAULTS)
+def test_error_creating_the_next_segment_on_roll(tmp_path: Path, name: str) -> None:
+    fault = dataclasses.replace(ROLL_FAULTS[name])
+    code = fault.errno
     path = tmp_path / "store"
     store, files = _open(path, segment_bytes=4096)
     models = _empty()
     _commit_n(store, models, 2)
-    files.fail(kind, errno=code, times=None, match=match)
+    files.add(fault)
     for _ in range(100):  # commit until one needs the next segment and cannot have it
         try:
             commit_with_model(store, models, simple_commits(len(models))[-1])

@@ -27,10 +27,10 @@ from compactor import compact
 from statelog import events
 from statelog.errors import InvalidCommitError, StorageError
 from statelog.format.wal import HEADER_SIZE
+from statelog.kit import FaultyFiles
 from statelog.log.segments import list_segments
 from statelog.ops import metrics
 from statelog.storage.snapshots import list_snapshots
-from tests.faults import FaultyFiles
 from tests.helpers import flip_bit, frames, poke, segments, truncate, zero_fill
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Simulated power loss (tests/faults.py): what a crash leaves must recover to a prefix.
+"""Simulated power loss (``statelog.kit``): what a crash leaves must recover to a prefix.
 
 Invariants (docs/architecture.md): 2, recovered state is exactly the fold of commits
 1..E, never a mix; 3, with ``durability="commit"`` every acknowledged commit
@@ -29,13 +29,15 @@ from typing import Any, get_args
 import pytest
 
 import statelog
-from tests.faults import CrashMode, FaultyFiles, commit_with_model, model_of
+from statelog.kit import CrashMode, FaultyFiles
 from tests.helpers import (
     Commit,
     build_store,
+    commit_with_model,
     flip_bit,
     frames,
     model_at,
+    model_of,
     segments,
     simple_commits,
     snapshot_of,
@@ -252,12 +254,13 @@ def _run_unsynced(tmp_path: Path, durability: str, *, confirm: bool) -> None:
         assert lost > 0, "no crash dropped an unsynced commit: the layer models nothing"
 
 
-def test_group_mode_recovers_a_prefix_no_older_than_confirmed(tmp_path: Path) -> None:
-    _run_unsynced(tmp_path, "group", confirm=True)
-
-
-def test_none_mode_recovers_a_prefix(tmp_path: Path) -> None:
-    _run_unsynced(tmp_path, "none", confirm=False)
+@pytest.mark.parametrize(
+    ("durability", "confirm"),
+    [("group", True), ("none", False)],
+    ids=["group-recovers-a-prefix-no-older-than-confirmed", "none-recovers-a-prefix"],
+)
+def test_unsynced_modes_recover_a_prefix(tmp_path: Path, durability: str, confirm: bool) -> None:
+    _run_unsynced(tmp_path, durability, confirm=confirm)
 
 
 def test_power_cut_during_recovery_repair(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """SIGKILL a committing writer again and again; every acknowledged epoch must survive.
 
-``tests/crash_writer.py`` runs as a real subprocess and commits a
-deterministic stream (commit ``i`` is a pure function of the seed and ``i``),
+``tests/crash_writer.py`` runs as a real subprocess and commits the kit's
+seeded stream (commit ``i`` is a pure function of the seed and ``i``),
 printing ``begin i`` before and ``ack i`` after each ``commit`` returns. The
 parent kills it with SIGKILL, reopens the store, and checks:
 
@@ -52,12 +52,13 @@ from pathlib import Path
 import pytest
 
 import statelog
-from tests.crash_writer import Model, apply_spec, commit_spec, state_digest
+from statelog.kit import Model, Stream
 from tests.helpers import segments, snapshot_of
 
 WRITER = Path(__file__).with_name("crash_writer.py")
 REPO = Path(__file__).resolve().parent.parent
 STREAM_SEED = 4_817
+STREAM = Stream(seed=STREAM_SEED)
 SEGMENT_BYTES = 16 * 1024
 FRAGMENT_BYTES = 2048
 COUNT = 80  # commits a writer makes before closing cleanly, if it is not killed first
@@ -253,13 +254,10 @@ class _Campaign:
     def model_at(self, epoch: int) -> Model:
         if epoch < self.model.epoch:
             self.model = Model()  # never expected: the checks before this fail first
-        while self.model.epoch < epoch:
-            apply_spec(self.model, commit_spec(STREAM_SEED, self.model.epoch + 1))
-        return self.model
+        return STREAM.advance(self.model, epoch)
 
     def digest_at(self, epoch: int) -> str:
-        m = self.model_at(epoch)
-        return state_digest(m.offsets, m.low_watermark_ms, m.tables)
+        return self.model_at(epoch).digest()
 
     def check_store(self, store: statelog.StateStore, epoch: int, where: str) -> None:
         assert store.epoch == epoch, where
@@ -268,7 +266,7 @@ class _Campaign:
             f"{where}: a kill was read as corruption: {store.recovery}"
         )
         assert not store.recovery.lost_epochs, where
-        assert snapshot_of(store) == self.model_at(epoch).snapshot(), (
+        assert snapshot_of(store) == self.model_at(epoch).state(), (
             f"{where}: state at epoch {epoch} differs from the model"
         )
 

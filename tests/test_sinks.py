@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 import statelog
+from statelog.kit import FaultyFiles
 from statelog.sinks import (
     InvalidOutputError,
     Output,
@@ -42,7 +43,6 @@ from statelog.sinks import (
     SQLiteSink,
 )
 from statelog.sinks.base import TransactionalSink
-from tests.faults import FaultyFiles
 from tests.helpers import flip_bit, frames, segments
 from tests.sink_fixtures import (
     BATCHES,

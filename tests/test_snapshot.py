@@ -25,6 +25,7 @@ import zstandard
 import statelog.storage.snapshots as snapshot_mod
 from statelog.errors import CorruptionError, FormatVersionError
 from statelog.format.records import encode_value
+from statelog.kit import CrashMode, FaultyFiles
 from statelog.state.live import Key, LiveState
 from statelog.storage.fileio import FileLayer
 from statelog.storage.image import BaseLevel, ImageBuilder
@@ -37,7 +38,6 @@ from statelog.storage.snapshots import (
     verify_snapshot,
     write_snapshot,
 )
-from tests.faults import CrashMode, FaultyFiles
 from tests.helpers import flip_bit, poke, truncate
 
 STORE = uuid.UUID("0123abcd-4567-89ef-0123-456789abcdef")

@@ -24,7 +24,7 @@ import random
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -205,8 +205,12 @@ def _usage(message: str, hint: str) -> int:
     return EXIT_USAGE
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, writer: Sequence[str] | None = None) -> int:
     """Run the drill ``args`` describe; print the table (or JSON); return the exit status.
+
+    :param writer: the writer command to kill instead of the drill's own
+        (see :class:`statelog.cli.drill_rounds.Drill`); a test passes one
+        that misbehaves, to prove the drill catches it.
 
     :returns: 0 when every round passed, 1 when one failed (the store is then
         kept and its path printed), :data:`EXIT_USAGE` for bad arguments or a
@@ -231,7 +235,14 @@ def run(args: argparse.Namespace) -> int:
         if cleanup is not None:  # only ever a store this run created
             cleanup()
         return say_error(exc)
-    drill = Drill(store, seed, origin, damage=bool(args.damage), segment_bytes=args.segment_bytes)
+    drill = Drill(
+        store,
+        seed,
+        origin,
+        damage=bool(args.damage),
+        segment_bytes=args.segment_bytes,
+        writer=writer,
+    )
     drill.others = others
     # Damage found before the first kill is the store's, not a recovery's: allowed, and told.
     already = sorted(p.name for _, _, p in list_snapshots(store / "snapshots") if not verifies(p))

@@ -27,12 +27,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import statelog
-from statelog.cli.drill_writer import Model, Origin, check_state, origin_of
+from statelog.cli.drill_writer import PASS_STEPS, Model, Origin, check_state, origin_of
 from statelog.errors import StatelogError
 from statelog.log.segments import list_segments
 from statelog.recovery.report import Outcome, RecoveryReport
@@ -137,10 +137,24 @@ class Drill:
     """The rounds over one store, and what they remember between rounds."""
 
     def __init__(
-        self, store: Path, seed: int, origin: Origin, *, damage: bool, segment_bytes: int
+        self,
+        store: Path,
+        seed: int,
+        origin: Origin,
+        *,
+        damage: bool,
+        segment_bytes: int,
+        writer: Sequence[str] | None = None,
     ) -> None:
-        """:param damage: flip a byte in a snapshot before one recovery (``--damage``)."""
+        """:param damage: flip a byte in a snapshot before one recovery (``--damage``).
+
+        :param writer: the command of the writer to kill, followed by the
+            arguments of ``python -m statelog.cli.drill_writer``'s ``write``
+            (default: that very writer). A test passes a writer that
+            misbehaves to see the drill's checks fail.
+        """
         self.store, self.seed, self.origin = store, seed, origin
+        self.writer = list(writer) if writer is not None else _WRITER
         self.rng = random.Random(f"statelog-drill-timing:{seed}")
         self.model = Model.start(seed, origin)
         self.damaged: set[str] = set()
@@ -152,7 +166,7 @@ class Drill:
     def round(self, n: int, kind: str) -> RoundResult:
         """Run round ``n``: start the writer, kill it at a ``kind`` moment, recover, check."""
         r = RoundResult(n, kind)
-        argv = [*_WRITER, "write", str(self.store), "--seed", str(self.seed), "--origin",
+        argv = [*self.writer, "write", str(self.store), "--seed", str(self.seed), "--origin",
                 self.origin.to_json(), "--segment-bytes", str(self.segment_bytes)]  # fmt: skip
         with _Child(argv) as writer:
             try:
@@ -189,7 +203,7 @@ class Drill:
         if not writer.wait_for(lambda _: writer.acked() > start and self._sealed_tail()):
             r.problems.append(f"the writer sealed no segment: {writer.stderr_tail()}")
             return
-        step = self.rng.randint(1, 8)  # every pass that writes a snapshot has 8 durable steps
+        step = self.rng.randint(1, PASS_STEPS)
         argv = [*_WRITER, "compact", str(self.store), "--pause-at", str(step)]
         with _Child(argv, stdin=True) as comp:
             comp.wait_for(lambda ls: any(x.startswith(("step ", "done")) for x in ls))

@@ -5,7 +5,9 @@ The workload models a reconciler over three source partitions. Drill commit
 ``(seed, origin, j)``:
 
 * each partition advances by 0-6 events; every new event goes into the
-  in-flight buffer table (:data:`BUFFER`), stamped with the commit's time;
+  in-flight buffer table (:data:`BUFFER`), stamped with the commit's time
+  and carrying a record of the testing kit's reconciler workload
+  (:func:`statelog.kit.make_value`);
 * the low watermark advances; every buffered event older than it is removed
   from the buffer and applied to the idempotent downstream, the table
   :data:`APPLIED` (event id -> amount, each id applied once), and added to
@@ -25,13 +27,11 @@ Run as ``python -m statelog.cli.drill_writer``::
         returned (durability="commit": the epoch is on disk)
     compact STORE [--pause-at K]
         one compaction pass; prints "pass" as it starts, and "done" at its
-        end; with --pause-at, prints "step K <op>" before its K-th durable
-        file operation and waits for a line on stdin before doing it
+        end; with --pause-at, prints "step <kind>:<file>" before its K-th
+        durable step (the testing kit's fault layer, :mod:`statelog.kit`)
+        and waits for a line on stdin before taking it
 
 Every line is one ``write`` to stdout, so a SIGKILL never leaves half a line.
-``STATELOG_DRILL_SABOTAGE`` (``double-apply`` or ``lie-ack``) makes the
-writer misbehave on purpose; the drill's own tests use it to show that the
-drill's checks fail when they should.
 """
 
 from __future__ import annotations
@@ -42,20 +42,21 @@ import os
 import random
 import sys
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import statelog
 from statelog.compaction.fold import compact
-from statelog.storage.fileio import AppendFile, Buffer, FileLayer
+from statelog.kit import DURABLE, FaultyFiles, Pause, Step, make_value
+from statelog.storage.fileio import FileLayer
 
 __all__ = [
     "APPLIED",
     "BUFFER",
     "PARTITIONS",
-    "SABOTAGE_ENV",
+    "PASS_STEPS",
     "TOTAL_KEY",
     "Model",
     "Origin",
@@ -77,7 +78,8 @@ TOTAL_KEY = b"total"  # a bytes key: event ids are str keys, so the two never co
 LAG = 3  # commits an event stays buffered before the watermark passes it
 STEP_MS = 1000
 MAX_ADVANCE = 6
-SABOTAGE_ENV = "STATELOG_DRILL_SABOTAGE"
+PASS_STEPS = 9
+"""A compaction pass that writes a snapshot takes at least this many durable steps."""
 
 
 @dataclass(frozen=True)
@@ -134,9 +136,11 @@ def watermark_at(origin: Origin, j: int) -> int:
 
 
 def _event_value(seed: int, eid: str, j: int) -> dict[str, Any]:
-    amount = event_amount(seed, eid)
-    # The padding makes segments fill and roll, so the compactor has work.
-    return {"amount": amount, "ts": j * STEP_MS, "pad": "p" * (amount % 160)}
+    # The event's record is the kit's reconciler record (its size makes segments
+    # fill and roll, so the compactor has work); amount and time are the drill's.
+    _, offset = parse_event_id(eid)
+    record = make_value(random.Random(f"statelog-drill-event:{seed}:{eid}"), offset, j * STEP_MS)
+    return {"amount": event_amount(seed, eid), "ts": j * STEP_MS, "record": record}
 
 
 def redelivery(seed: int, epoch: int) -> int:
@@ -257,13 +261,29 @@ def _emit(line: str) -> None:
     os.write(1, (line + "\n").encode())
 
 
-def drill_commit(store: statelog.StateStore, seed: int, origin: Origin, redeliver: int) -> int:
+def _idempotent(eid: str, amount: int) -> int:
+    return 0
+
+
+def drill_commit(
+    store: statelog.StateStore,
+    seed: int,
+    origin: Origin,
+    redeliver: int,
+    *,
+    on_duplicate: Callable[[str, int], int] = _idempotent,
+) -> int:
     """Make drill commit ``j = epoch - origin + 1`` from the live state, as a reconciler would.
 
+    :param redeliver: events per partition the source delivers again from
+        before the committed offsets (at-least-once delivery after a restart).
+    :param on_duplicate: what applying a redelivered, already applied event
+        adds to the running total, given its id and amount. The drill's
+        downstream is idempotent (nothing); a test passes a sink that is not,
+        to see the drill catch it.
     :raises RuntimeError: the state and the offsets disagree (an event before
         the committed offset is neither buffered nor applied).
     """
-    sabotage = os.environ.get(SABOTAGE_ENV, "")
     j = store.epoch - origin.epoch + 1
     offsets = {p: store.offsets.get(p, 0) for p in PARTITIONS}
     buffered: dict[str, dict[str, Any]] = {str(k): v for k, v in store.items(BUFFER)}
@@ -278,8 +298,7 @@ def drill_commit(store: statelog.StateStore, seed: int, origin: Origin, redelive
                     raise RuntimeError(
                         f"{eid} is before the offset but neither buffered nor applied"
                     )
-                if sabotage == "double-apply":  # apply it again, as a non-idempotent sink would
-                    total["sum"] += event_amount(seed, eid)
+                total["sum"] += on_duplicate(eid, event_amount(seed, eid))
         for p, k in _advances(seed, j).items():
             for off in range(offsets[p], offsets[p] + k):
                 eid = event_id(p, off)
@@ -305,61 +324,19 @@ def _write(store_path: Path, seed: int, origin: Origin, segment_bytes: int) -> i
     store = statelog.open(store_path, durability="commit", segment_bytes=segment_bytes)
     _emit(f"open {store.epoch}")
     redeliver = redelivery(seed, store.epoch)
-    lie = 2 if os.environ.get(SABOTAGE_ENV) == "lie-ack" else 0
     while True:  # until SIGKILL: the drill never lets the writer finish
         epoch = drill_commit(store, seed, origin, redeliver)
         redeliver = 0
-        _emit(f"ack {epoch + lie}")
+        _emit(f"ack {epoch}")
 
 
-class _Pausing(FileLayer):
-    """A file layer that stops before its ``k``-th durable step until the drill says go."""
-
-    def __init__(self, k: int) -> None:
-        self.left = k
-
-    def step(self, op: str) -> None:
-        self.left -= 1
-        if self.left == 0:
-            _emit(f"step {op}")
-            sys.stdin.buffer.readline()  # the drill kills the writer (or us) meanwhile
-
-    def create_durable(self, path: Path, data: Buffer) -> None:
-        self.step(f"create:{path.name}")
-        super().create_durable(path, data)
-
-    def open_append(self, path: Path) -> AppendFile:
-        layer = self
-        f = super().open_append(path)
-
-        class Pausing(AppendFile):
-            def write(self, chunks: Sequence[Buffer]) -> None:
-                layer.step(f"write:{path.name}")
-                super().write(chunks)
-
-            def sync(self) -> None:
-                layer.step(f"sync:{path.name}")
-                super().sync()
-
-        paused = Pausing(f.path, os.dup(f._fd), f.size)
-        f.close()
-        return paused
-
-    def rename(self, src: Path, dst: Path) -> None:
-        self.step(f"rename:{dst.name}")
-        super().rename(src, dst)
-
-    def remove(self, path: Path) -> None:
-        self.step(f"remove:{path.name}")
-        super().remove(path)
-
-    def fsync_dir(self, path: Path) -> None:
-        self.step(f"fsync-dir:{path.name}")
-        super().fsync_dir(path)
+def _hold(step: Step) -> None:
+    _emit(f"step {step.label}")
+    sys.stdin.buffer.readline()  # the drill kills the writer (or us) meanwhile
 
 
 def _compact(store_path: Path, pause_at: int) -> int:
-    files = _Pausing(pause_at) if pause_at > 0 else FileLayer()
+    files = FaultyFiles(None, [Pause(DURABLE, pause_at, wait=_hold)]) if pause_at else FileLayer()
     _emit("pass")
     result = compact(store_path, files=files, min_tail_bytes=0, retain=2)
     _emit(f"done {result.snapshot.name if result.snapshot else '-'} {result.skipped or '-'}")

@@ -4,7 +4,7 @@ Keeping the system calls in one small class serves two ends. The order of
 durable steps (write temp, fsync, rename, fsync directory) is written down
 once, in :meth:`FileLayer.create_durable`. And tests substitute a subclass
 that injects ENOSPC or EIO, or forgets every write that was not synced, to
-simulate a power loss (``tests/faults.py``).
+simulate a power loss (:mod:`statelog.kit`, statelog's testing kit).
 """
 
 from __future__ import annotations
