@@ -37,7 +37,7 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parent.parent
 
-_MARKER = re.compile(r"^<!--\s*([a-z]+):\s*([A-Za-z0-9_.\- ]+?)\s*-->\s*$")
+_MARKER = re.compile(r"^<!--\s*([a-z][a-z-]*):\s*(.+?)\s*-->\s*$")
 _FENCE = re.compile(r"^(```+)\s*([A-Za-z0-9_+-]*)\s*$")
 _XXD = re.compile(r"^[0-9a-f]{8}: ((?:[0-9a-f]{2,4} ){0,8})")
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
