@@ -9,6 +9,7 @@ packages of ``pyproject.toml``; every relative link of ``README.md`` and
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import tomllib
 import unicodedata
@@ -200,3 +201,39 @@ def test_the_link_check_catches_a_broken_link(tmp_path: Path) -> None:
     )
     assert links(doc) == [(1, "y.md#a-title-here"), (1, "y.md#nothing"), (1, "z.md")]
     assert anchors(tmp_path / "y.md") == {"a-title-here"}
+
+
+# -- names -------------------------------------------------------------------------------
+
+_DOTTED = re.compile(r"\b((?:statelog|compactor)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
+
+
+def resolve(dotted: str) -> bool:
+    """Whether ``statelog.a.b.c`` names a module, or an attribute of one."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
+def test_every_dotted_name_of_statelog_exists(doc: Path) -> None:
+    text = doc.read_text()
+    names = {m.group(1).rstrip(".") for m in _DOTTED.finditer(text)}
+    names = {n for n in names if not re.search(r"\.(py|md|toml|log|head|json|tmp)$", n)}
+    unknown = sorted(n for n in names if not resolve(n))
+    assert not unknown, f"{doc.name} names what does not exist: {unknown}"
+
+
+def test_a_moved_name_is_caught() -> None:
+    assert resolve("statelog.sharding.partition.expand_stores")
+    assert not resolve("statelog.format.wal.WalWriter")  # the writer is statelog.log.writer
+    assert not resolve("statelog.wal_writer")
