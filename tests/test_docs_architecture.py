@@ -237,3 +237,37 @@ def test_a_moved_name_is_caught() -> None:
     assert resolve("statelog.sharding.partition.expand_stores")
     assert not resolve("statelog.format.wal.WalWriter")  # the writer is statelog.log.writer
     assert not resolve("statelog.wal_writer")
+
+
+# -- cited tests ---------------------------------------------------------------------------
+
+_CITED = re.compile(r"`(?:tests/)?(test_\w+\.py)(?:::(\w+))?`|`::(\w+)`")
+
+
+def cited_tests(doc: Path) -> list[tuple[str, str]]:
+    """``(file, function)`` of every test a document cites; ``::name`` is in the last file named."""
+    found: list[tuple[str, str]] = []
+    last: str | None = None
+    for m in _CITED.finditer(doc.read_text()):
+        if m.group(1):
+            last = m.group(1)  # a bare `test_x.py` names the file later `::name`s are in
+            if m.group(2):
+                found.append((last, m.group(2)))
+        elif last is not None:
+            found.append((last, m.group(3)))
+    return found
+
+
+def _functions(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
+def test_every_cited_test_exists(doc: Path) -> None:
+    missing = []
+    for name, func in cited_tests(doc):
+        path = ROOT / "tests" / name
+        if not path.is_file() or func not in _functions(path):
+            missing.append(f"{name}::{func}")
+    assert not missing, f"{doc.name} cites tests that do not exist: {sorted(set(missing))}"
