@@ -38,6 +38,7 @@ from statelog.format.records import (
     encode_record,
     encode_value,
 )
+from statelog.remote import manifest as remote_manifest
 from statelog.storage import pins
 from statelog.storage import snapshots as snap_format
 from statelog.storage.fileio import FileLayer
@@ -633,3 +634,18 @@ def test_a_wrong_offset_in_a_table_fails_the_layout_check(tmp_path: Path) -> Non
     with pytest.raises(AssertionError, match="prev_crc at 48, expected 44"):
         expected, _, data = _segment_header_fields()
         _check_layout_rows("segment-header", rows, data, expected, total=64)
+
+
+# -- the remote MANIFEST (docs/remote.md) ----------------------------------------------------
+
+
+def test_the_manifest_table_is_the_codes_manifest() -> None:
+    rows = marked_table(ROOT / "docs" / "remote.md", "manifest")
+    fields = [cell_code(r["field"]) for r in rows]
+    assert fields == [f.name for f in msgspec.structs.fields(remote_manifest.Manifest)]
+    assert f"`{remote_manifest.FORMAT}`" in rows[0]["meaning"]
+    m = remote_manifest.Manifest(remote_manifest.FORMAT, str(_SID), 3, "host 1", "w", 5, objects=())
+    raw = m.encode()
+    body, tail = raw.rstrip(b"\n").rsplit(b"\n", 1)
+    assert tail == b"sha256:" + hashlib.sha256(body).hexdigest().encode()  # the checksum line
+    assert list(json.loads(body)) == fields
