@@ -320,16 +320,24 @@ def test_identity_table_is_what_a_store_writes(tmp_path: Path) -> None:
     assert str(uuid.UUID(doc["store_id"])) == doc["store_id"]
 
 
+def _leading(cell: str) -> int:
+    m = re.match(r"\d+", cell)
+    assert m is not None, f"no number at the start of {cell!r}"
+    return int(m.group())
+
+
 def test_snapshot_header_meta_and_footer_tables_are_the_codes(example_dir: Path) -> None:
     path = next((example_dir / "example-snap" / "snapshots").glob("*.snap"))
     data = path.read_bytes()
     meta = snap_format.verify_snapshot(FileLayer(), path, store_id=None)
+    rows = {_field(r): r["Value"] for r in marked_table(FORMAT, "snapshot-header")}
     meta_len = struct.unpack_from("<I", data, 52)[0]
     expected = {
-        "magic": b"STLGSNAP",
-        "version": 1,
-        "header_len": 64,
-        "flags": 0,
+        # the constants as the table states them, the rest as the code says it wrote them
+        "magic": cell_code(rows["magic"]).encode(),
+        "version": _leading(rows["version"]),
+        "header_len": _leading(rows["header_len"]),
+        "flags": _leading(rows["flags"]),
         "store_id": meta.store_id.bytes,
         "epoch": meta.epoch,
         "lsn": meta.lsn,
@@ -337,20 +345,16 @@ def test_snapshot_header_meta_and_footer_tables_are_the_codes(example_dir: Path)
         "meta_len": meta_len,
         "body_len": len(data) - 64 - meta_len - 40,
     }
-    _check_layout("snapshot-header", data, expected, total=snap_format.HEADER_SIZE)
-    assert cell_code(marked_table(FORMAT, "snapshot-header")[0]["Value"]) == "STLGSNAP"
+    _check_layout("snapshot-header", data, expected, total=expected["header_len"])
     keys = [cell_code(r["Key"]) for r in marked_table(FORMAT, "snapshot-meta")]
-    assert keys == [f.name for f in msgspec.structs.fields(snap_format._MetaDoc)]
     assert keys == list(msgspec.msgpack.decode(data[64 : 64 + meta_len]))
-    rows = marked_table(FORMAT, "snapshot-footer")
-    ends = [int(r["Offset (from the end)"].replace(_MINUS, "-")) for r in rows]
-    assert list(zip(ends, [int(r["Size"]) for r in rows], strict=True)) == [
-        (-40, 32),
-        (-8, 8),
-    ]
-    assert sum(int(r["Size"]) for r in rows) == snap_format.FOOTER_SIZE
+    footer = marked_table(FORMAT, "snapshot-footer")
+    ends = [int(r["Offset (from the end)"].replace(_MINUS, "-")) for r in footer]
+    sizes = [int(r["Size"]) for r in footer]
+    assert list(zip(ends, sizes, strict=True)) == [(-40, 32), (-8, 8)]
+    assert len(data) == 64 + meta_len + expected["body_len"] + sum(sizes)
     assert data[-40:-8] == hashlib.sha256(data[:-40]).digest()
-    assert cell_code(rows[1]["Value"]) == snap_format.END_MAGIC.decode() == "STLGSEND"
+    assert data[-8:] == cell_code(footer[1]["Value"]).encode()
 
 
 def test_audit_entry_table_is_the_codes_entry(example_dir: Path) -> None:
@@ -361,13 +365,10 @@ def test_audit_entry_table_is_the_codes_entry(example_dir: Path) -> None:
 
 
 def test_pins_table_is_what_a_pin_writes(tmp_path: Path) -> None:
+    pin_name = f"pins/<pid>-<16 hex digits>{pins.PIN_SUFFIX}"
     rows = {cell_code(r["File"]): r for r in marked_table(FORMAT, "pins")}
-    assert set(rows) == {
-        "pins/.guard",
-        "pins/<pid>-<16 hex digits>.pin",
-        f"{'pins/<pid>-<16 hex digits>.pin'}.tmp",
-    }
-    documented = re.findall(r'"(\w+)":', rows["pins/<pid>-<16 hex digits>.pin"]["Content"])
+    assert set(rows) == {f"pins/{pins.GUARD}", pin_name, pin_name + ".tmp"}
+    documented = re.findall(r'"(\w+)":', rows[pin_name]["Content"])
     with pins.pin(tmp_path, ["wal/b", "snapshots/a"], purpose="test") as held:
         assert re.fullmatch(rf"{os.getpid()}-[0-9a-f]{{16}}\.pin", held.path.name)
         raw = held.path.read_text()
