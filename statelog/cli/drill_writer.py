@@ -47,9 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import statelog
 from statelog.compaction.fold import compact
 from statelog.storage.fileio import AppendFile, Buffer, FileLayer
+from statelog.store.store import StateStore
+from statelog.store.store import open as open_store
 
 __all__ = [
     "APPLIED",
@@ -187,7 +188,7 @@ class Model:
                 self.total += self.applied[eid]
 
 
-def origin_of(store: statelog.StateStore) -> tuple[Origin, dict[str, Any]]:
+def origin_of(store: StateStore) -> tuple[Origin, dict[str, Any]]:
     """The drill's origin in ``store``, and a summary of the store's own (non-drill) state.
 
     The summary (other partitions' offsets, other tables' key counts) must not
@@ -213,7 +214,7 @@ def _diff(what: str, got: dict[str, Any], want: dict[str, Any]) -> list[str]:
             f"{changed} different"]  # fmt: skip
 
 
-def check_state(store: statelog.StateStore, model: Model) -> list[str]:
+def check_state(store: StateStore, model: Model) -> list[str]:
     """Every way ``store``'s drill state differs from ``model`` (empty: exact).
 
     Beyond equality with the model, the running total must equal the sum of
@@ -257,7 +258,7 @@ def _emit(line: str) -> None:
     os.write(1, (line + "\n").encode())
 
 
-def drill_commit(store: statelog.StateStore, seed: int, origin: Origin, redeliver: int) -> int:
+def drill_commit(store: StateStore, seed: int, origin: Origin, redeliver: int) -> int:
     """Make drill commit ``j = epoch - origin + 1`` from the live state, as a reconciler would.
 
     :raises RuntimeError: the state and the offsets disagree (an event before
@@ -302,7 +303,7 @@ def drill_commit(store: statelog.StateStore, seed: int, origin: Origin, redelive
 
 def _write(store_path: Path, seed: int, origin: Origin, segment_bytes: int) -> int:
     _emit("opening")
-    store = statelog.open(store_path, durability="commit", segment_bytes=segment_bytes)
+    store = open_store(store_path, durability="commit", segment_bytes=segment_bytes)
     _emit(f"open {store.epoch}")
     redeliver = redelivery(seed, store.epoch)
     lie = 2 if os.environ.get(SABOTAGE_ENV) == "lie-ack" else 0
