@@ -360,6 +360,7 @@ def _check_body(
     On a mismatch without ``inflate``, the body is decompressed from a second
     read to tell body damage (its zstd checksum fails) from damage elsewhere.
     """
+    # The header's lengths were checked against the file size: the body ends at the footer.
     body_at, foot_at = size - FOOTER_SIZE - body.left, size - FOOTER_SIZE
     if inflate:
         _inflate(path, body, sink, body_at)
