@@ -23,6 +23,7 @@ test: $(STAMP) lint typecheck unit
 lint: $(STAMP)
 	$(PY) -m ruff check statelog compactor tests benchmarks examples
 	$(PY) -m ruff format --check statelog compactor
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(PY) -m mypy --strict statelog compactor benchmarks

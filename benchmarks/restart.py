@@ -209,9 +209,7 @@ def _commit_tail_and_kill(store: Path, spec: RestartSpec, start: int, timeout: f
     return epoch
 
 
-def _build_json(
-    out_dir: Path, spec: RestartSpec, epoch: int, start: int = 0
-) -> tuple[Path, float]:
+def _build_json(out_dir: Path, spec: RestartSpec, epoch: int, start: int = 0) -> tuple[Path, float]:
     """The JSON snapshot of the state the killed writer acknowledged; path and seconds."""
     from .strategies import JsonSnapshotStrategy
 
@@ -490,7 +488,8 @@ def probe_floor(store: Path) -> None:
     """(d): read the newest snapshot, decompress its body, read the tail segments' bytes."""
     import zstandard
 
-    from statelog.storage.snapshots import HEADER_SIZE, list_snapshots
+    from statelog.format.snapshot import HEADER_SIZE, SnapshotHeader
+    from statelog.storage.snapshots import list_snapshots
 
     _epoch, lsn, snap = list_snapshots(store / "snapshots")[0]
     tail = segments_after(store / "wal", lsn)
@@ -501,11 +500,9 @@ def probe_floor(store: Path) -> None:
     with open(snap, "rb") as fh:
         data = fh.read()
     t1 = time.perf_counter()
-    # Header fields (docs/format.md, "Snapshot header"): meta_len at 52, body_len at 56.
-    meta_len = int.from_bytes(data[52:56], "little")
-    body_len = int.from_bytes(data[56:64], "little")
-    start = HEADER_SIZE + meta_len
-    reader = dctx.stream_reader(memoryview(data)[start : start + body_len])
+    header = SnapshotHeader.unpack(data)
+    start = HEADER_SIZE + header.meta_len
+    reader = dctx.stream_reader(memoryview(data)[start : start + header.body_len])
     image = 0
     while chunk := reader.read(_CHUNK):
         image += len(chunk)

@@ -52,7 +52,6 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from prometheus_client import start_http_server
 from prometheus_client.registry import Collector
@@ -71,12 +70,10 @@ from statelog.compaction.lock import CompactorLock
 from statelog.compaction.logfmt import LOGGER, KeyValueFormatter, kv
 from statelog.errors import CompactorLockedError, FencedError, StatelogError, StoreNotFoundError
 from statelog.ops import metrics
+from statelog.remote import LagCollector, RemoteClient, ship
 from statelog.sharding.partition import expand_stores
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
-
-if TYPE_CHECKING:
-    from statelog.remote import RemoteClient
 
 __all__ = [
     "EXIT_BAD_OPTIONS",
@@ -212,8 +209,6 @@ def _metrics_server(args: argparse.Namespace, stores: list[Path] | None = None) 
 
 def _lag_collector(stores: list[Path]) -> Collector:
     """Register the shipping-lag gauges of ``stores`` (unregistered when the server stops)."""
-    from statelog.remote import LagCollector
-
     # The same ``store`` label as every other per-store series: the resolved path.
     lag = LagCollector([Path(metrics.store_label(s)) for s in stores])
     metrics.REGISTRY.register(lag)
@@ -367,6 +362,4 @@ def _pass(
 
 def _ship(store: Path, args: argparse.Namespace, files: FileLayer, client: RemoteClient) -> None:
     """Ship ``store`` to ``--remote`` (the library logs ``event=shipped``)."""
-    from statelog.remote import ship
-
     ship(store, args.remote, retain=args.remote_retain, client=client, files=files)

@@ -11,12 +11,9 @@ import argparse
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from statelog.errors import StatelogError
-
-if TYPE_CHECKING:
-    from statelog.remote import RemoteClient
+from statelog.remote import RemoteClient
 
 __all__ = [
     "EXIT_BAD_OPTIONS",
@@ -190,8 +187,6 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, RemoteCl
         parser.error("--remote-retain needs --remote")
     client = None
     if args.remote is not None:
-        from statelog.remote import RemoteClient  # only a remote daemon loads the client
-
         try:
             client = RemoteClient.from_url(args.remote)
         except StatelogError as exc:

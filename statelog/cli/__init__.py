@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from statelog.cli import audit, compact, drill, dump, inspect, recover, restore, verify
 from statelog.cli.output import EXIT_CODES_HELP, EXIT_USAGE, CliParser, say_error
+from statelog.compaction.logfmt import KeyValueFormatter
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a reader that left
 
@@ -77,8 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _setup_logging(verbose: int) -> logging.Handler | None:
     if not verbose:
         return None
-    from statelog.compaction.logfmt import KeyValueFormatter
-
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(KeyValueFormatter())
     root = logging.getLogger("statelog")

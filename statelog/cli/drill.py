@@ -28,13 +28,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import statelog
 from statelog.cli.drill_rounds import Drill, RoundResult, verifies
 from statelog.cli.drill_writer import APPLIED, BUFFER, Origin, origin_of
 from statelog.cli.output import EXIT_OK, EXIT_USAGE, print_json, say_error
 from statelog.errors import StatelogError
 from statelog.storage.layout import IDENTITY
 from statelog.storage.snapshots import list_snapshots, parse_snapshot_name
+from statelog.store.store import open as open_store
 
 __all__ = ["EXIT_FAILED", "KINDS", "RoundResult", "add_parser", "run"]
 
@@ -138,7 +138,7 @@ def _prepare(store: Path) -> tuple[Origin, dict[str, Any]]:
 
     :raises StatelogError: the store cannot be opened (locked, damaged, ...).
     """
-    with statelog.open(store) as s:
+    with open_store(store) as s:
         if s.count(BUFFER) or s.count(APPLIED):
             with s.transaction() as tx:
                 for table in (BUFFER, APPLIED):

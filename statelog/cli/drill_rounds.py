@@ -31,13 +31,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import statelog
 from statelog.cli.drill_writer import PASS_STEPS, Model, Origin, check_state, origin_of
 from statelog.errors import StatelogError
 from statelog.log.segments import list_segments
 from statelog.recovery.report import Outcome, RecoveryReport
 from statelog.storage.fileio import FileLayer
 from statelog.storage.snapshots import list_snapshots, parse_snapshot_name, verify_snapshot
+from statelog.store.store import open as open_store
 
 __all__ = ["Drill", "RoundResult", "verifies"]
 
@@ -252,7 +252,7 @@ class Drill:
 
     def _recover(self, r: RoundResult) -> None:
         try:
-            store = statelog.open(self.store)
+            store = open_store(self.store)
         except StatelogError as exc:
             r.problems.append(f"recovery failed: {exc}")
             return

@@ -47,10 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import statelog
 from statelog.compaction.fold import compact
 from statelog.kit import DURABLE, FaultyFiles, Pause, Step, make_value
 from statelog.storage.fileio import FileLayer
+from statelog.store.store import StateStore
+from statelog.store.store import open as open_store
 
 __all__ = [
     "APPLIED",
@@ -191,7 +192,7 @@ class Model:
                 self.total += self.applied[eid]
 
 
-def origin_of(store: statelog.StateStore) -> tuple[Origin, dict[str, Any]]:
+def origin_of(store: StateStore) -> tuple[Origin, dict[str, Any]]:
     """The drill's origin in ``store``, and a summary of the store's own (non-drill) state.
 
     The summary (other partitions' offsets, other tables' key counts) must not
@@ -217,7 +218,7 @@ def _diff(what: str, got: dict[str, Any], want: dict[str, Any]) -> list[str]:
             f"{changed} different"]  # fmt: skip
 
 
-def check_state(store: statelog.StateStore, model: Model) -> list[str]:
+def check_state(store: StateStore, model: Model) -> list[str]:
     """Every way ``store``'s drill state differs from ``model`` (empty: exact).
 
     Beyond equality with the model, the running total must equal the sum of
@@ -266,7 +267,7 @@ def _idempotent(eid: str, amount: int) -> int:
 
 
 def drill_commit(
-    store: statelog.StateStore,
+    store: StateStore,
     seed: int,
     origin: Origin,
     redeliver: int,
@@ -321,7 +322,7 @@ def drill_commit(
 
 def _write(store_path: Path, seed: int, origin: Origin, segment_bytes: int) -> int:
     _emit("opening")
-    store = statelog.open(store_path, durability="commit", segment_bytes=segment_bytes)
+    store = open_store(store_path, durability="commit", segment_bytes=segment_bytes)
     _emit(f"open {store.epoch}")
     redeliver = redelivery(seed, store.epoch)
     while True:  # until SIGKILL: the drill never lets the writer finish

@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -104,57 +105,9 @@ def run(args: argparse.Namespace) -> int:
     files = FileLayer()
     layout = StoreLayout(root)
     store_id = layout.read_identity(files)
-    state: dict[str, Any]
-    used: Path | None = None
-    refused: dict[Path, str] = {}  # snapshots recovery read and rejected
-    try:
-        with open_store(root, readonly=True) as ro:
-            used = ro.recovery.snapshot
-            refused = {r.path: r.reason for r in ro.recovery.rejected}
-            state = {
-                "epoch": ro.epoch,
-                "offsets": ro.offsets,
-                "low_watermark_ms": ro.low_watermark_ms,
-                "tables": {t: ro.count(t) for t in ro.tables()},
-                "recovery": ro.recovery.to_dict(),
-                "unrecoverable": None,
-            }
-    except ResnapshotRequired as exc:
-        state = {"epoch": None, "offsets": {}, "low_watermark_ms": None, "tables": {}}
-        state |= {"recovery": None, "unrecoverable": exc.message}
-    now = time.time()
-    snaps = []
-    for epoch, lsn, path in list_snapshots(layout.snapshots):
-        st = path.stat()
-        row: dict[str, Any] = {
-            "file": path.name, "epoch": epoch, "lsn": lsn, "bytes": st.st_size,
-            "age_seconds": round(now - st.st_mtime, 3), "verified": None, "links": None,
-            "reason": None, "used_by_recovery": path == used,
-        }  # fmt: skip
-        if path == used:
-            row |= {"verified": True, "links": True}
-        elif path in refused and args.no_verify:
-            row |= {"verified": False, "reason": refused[path]}
-        elif not args.no_verify:
-            try:
-                meta = verify_snapshot(files, path, store_id=store_id)
-            except (CorruptionError, FormatVersionError) as exc:
-                row |= {"verified": False, "reason": getattr(exc, "reason", exc.message)}
-            else:
-                why = check_link(layout.wal, meta)
-                row |= {"verified": True, "links": why is None, "reason": why}
-                row["age_seconds"] = round(now - meta.created_ms / 1000, 3)
-        snaps.append(row)
-    segs: list[dict[str, Any]] = []
-    for info in list_segment_infos(layout.wal):
-        seal = peek_seal(info.path, info.size)
-        segs.append(
-            {
-                "file": info.path.name, "sequence": info.sequence, "first_lsn": info.first_lsn,
-                "bytes": info.size, "sealed": seal is not None,
-                "last_lsn": seal[0] if seal else None,
-            }
-        )  # fmt: skip
+    state, used, refused = _recovered(root)
+    snaps = _snapshot_rows(files, layout, store_id, used, refused, verify=not args.no_verify)
+    segs = _segment_rows(layout)
     newest: int = snaps[0]["lsn"] if snaps else 0
     doc: dict[str, Any] = {
         "store": str(root),
@@ -181,6 +134,77 @@ def run(args: argparse.Namespace) -> int:
     rec = state["recovery"]
     damaged = any(s["verified"] is False or s["links"] is False for s in snaps)
     return EXIT_DAMAGED if damaged or rec["rejected"] else EXIT_OK
+
+
+def _recovered(root: Path) -> tuple[dict[str, Any], Path | None, dict[Path, str]]:
+    """What a read-only recovery of ``root`` finds: the state's summary, the
+    snapshot it used, and the snapshots it read and refused (with why)."""
+    try:
+        with open_store(root, readonly=True) as ro:
+            state = {
+                "epoch": ro.epoch,
+                "offsets": ro.offsets,
+                "low_watermark_ms": ro.low_watermark_ms,
+                "tables": {t: ro.count(t) for t in ro.tables()},
+                "recovery": ro.recovery.to_dict(),
+                "unrecoverable": None,
+            }
+            return state, ro.recovery.snapshot, {r.path: r.reason for r in ro.recovery.rejected}
+    except ResnapshotRequired as exc:
+        state = {"epoch": None, "offsets": {}, "low_watermark_ms": None, "tables": {}}
+        state |= {"recovery": None, "unrecoverable": exc.message}
+        return state, None, {}
+
+
+def _snapshot_rows(
+    files: FileLayer,
+    layout: StoreLayout,
+    store_id: uuid.UUID,
+    used: Path | None,
+    refused: dict[Path, str],
+    *,
+    verify: bool,
+) -> list[dict[str, Any]]:
+    """One row per snapshot, newest first; each verified and its link checked if ``verify``."""
+    now = time.time()
+    snaps = []
+    for epoch, lsn, path in list_snapshots(layout.snapshots):
+        st = path.stat()
+        row: dict[str, Any] = {
+            "file": path.name, "epoch": epoch, "lsn": lsn, "bytes": st.st_size,
+            "age_seconds": round(now - st.st_mtime, 3), "verified": None, "links": None,
+            "reason": None, "used_by_recovery": path == used,
+        }  # fmt: skip
+        if path == used:
+            row |= {"verified": True, "links": True}
+        elif path in refused and not verify:
+            row |= {"verified": False, "reason": refused[path]}
+        elif verify:
+            try:
+                meta = verify_snapshot(files, path, store_id=store_id)
+            except (CorruptionError, FormatVersionError) as exc:
+                row |= {"verified": False, "reason": getattr(exc, "reason", exc.message)}
+            else:
+                why = check_link(layout.wal, meta)
+                row |= {"verified": True, "links": why is None, "reason": why}
+                row["age_seconds"] = round(now - meta.created_ms / 1000, 3)
+        snaps.append(row)
+    return snaps
+
+
+def _segment_rows(layout: StoreLayout) -> list[dict[str, Any]]:
+    """One row per segment, in log order, with its seal if it has one."""
+    segs: list[dict[str, Any]] = []
+    for info in list_segment_infos(layout.wal):
+        seal = peek_seal(info.path, info.size)
+        segs.append(
+            {
+                "file": info.path.name, "sequence": info.sequence, "first_lsn": info.first_lsn,
+                "bytes": info.size, "sealed": seal is not None,
+                "last_lsn": seal[0] if seal else None,
+            }
+        )  # fmt: skip
+    return segs
 
 
 def _listdir(d: Path) -> list[Path]:

@@ -7,28 +7,18 @@ its drill use it, and so can the authors of a reconciler who want to see
 what their code does when the disk fills, the process dies mid-write or the
 power goes off. Nothing on statelog's commit path imports it.
 
-Every operation passes one or more *steps* of a kind: ``open``, ``create``
-(the ``O_CREAT`` of a new file), ``write``, ``sync`` (file
-fsync/fdatasync), ``fsync_dir``, ``truncate``, ``rename``, ``remove``,
-``mkdir``, ``read``. Faults (:mod:`statelog.kit.spec`) armed with
-:meth:`FaultyFiles.add` act on chosen steps: crash (SIGKILL, before, after
-or part way through a write), pause, fail with an errno, cut the power.
-``create_durable`` fails as the real one does: a failed write or sync
-leaves the ``.tmp`` file behind (the next open removes it), a failed
+Every operation passes one or more *steps* of a kind (:data:`statelog.kit.spec.KINDS`);
+faults (:mod:`statelog.kit.spec`) armed with :meth:`FaultyFiles.add` act on
+chosen steps. ``create_durable`` fails as the real one does: a failed write
+or sync leaves the ``.tmp`` file behind (the next open removes it), a failed
 rename removes it.
 
-**Power loss** (given ``root``). Beside the real system calls the layer
-keeps a model of what a disk would still hold after the power went off
-(the rules, each a real disk's, are those of :mod:`statelog.kit.power`);
-:meth:`FaultyFiles.crash` applies it.
-
-``crash()`` rewrites the real files in place and leaves the layer dead.
-``crash(into=dir)`` writes the durable image of the store into ``dir``
-instead and lets the run go on: one run can then be "crashed" after every
-commit. While the layer is *dead* (after :meth:`FaultyFiles.power_off`, a
-crash or a :class:`~statelog.kit.spec.PowerCut`) every operation fails with
-EIO and changes nothing, so closing an abandoned store cannot write behind
-the crash's back.
+**Power loss** (given ``root``): beside the real system calls the layer
+keeps the model of :mod:`statelog.kit.power`; :meth:`FaultyFiles.crash`
+applies it. While the layer is *dead* (power off, crashed in place, or cut
+by a :class:`~statelog.kit.spec.PowerCut`) every operation fails with EIO
+and changes nothing, so closing an abandoned store cannot write behind the
+crash's back.
 """
 
 from __future__ import annotations
@@ -107,7 +97,6 @@ class FaultyFiles(FileLayer):
         self._disk = DiskModel(root) if root is not None else None
         self.add(*faults)
 
-    # -- controls ----------------------------------------------------------
     def add(self, *faults: Fault) -> None:
         """Arm ``faults``; each counts matching steps from the next one on."""
         with self._mu:
@@ -161,7 +150,6 @@ class FaultyFiles(FileLayer):
         with contextlib.suppress(StatelogError, OSError):
             store.close()
 
-    # -- the crash ---------------------------------------------------------
     def crash(self, mode: CrashMode = "drop", *, into: Path | None = None, seed: int = 0) -> None:
         """Rewrite the files as a disk would hold them after a power loss now.
 
@@ -178,7 +166,6 @@ class FaultyFiles(FileLayer):
                 self._dead = True
             self._disk.crash(mode, into, seed)
 
-    # -- hooks -------------------------------------------------------------
     def _point(self, kind: Kind, path: Path, chunks: Sequence[Buffer] = ()) -> _Cut | None:
         """Pass one step: act on the faults it hits; a partial write is returned, not made."""
         self._after = []  # waited for a step that failed: that step was never done

@@ -49,6 +49,7 @@ __all__ = [
     "SegmentScan",
     "Stop",
     "StopKind",
+    "peek_generation",
     "peek_seal",
     "salvage_frames",
     "scan_segment",
@@ -313,3 +314,16 @@ def peek_seal(path: Path, size: int) -> tuple[int, int] | None:
     if frame_crc(tail[4:16], tail[16:]) != crc:
         return None
     return int(SEAL_PAYLOAD.unpack_from(tail, 16)[0]), crc
+
+
+def peek_generation(path: Path) -> int:
+    """The writer generation in the header of ``path``; 0 if the header does not verify.
+
+    Reads only the 64-byte header, for a baseline of the fencing check
+    (``docs/remote.md``, "Fencing"): callers decide what an unreadable file means.
+
+    :raises OSError: reading failed (FileNotFoundError: the segment went away).
+    """
+    with path.open("rb") as f:
+        head = f.read(HEADER_SIZE)
+    return SegmentHeader.unpack(head).generation if SegmentHeader.crc_ok(head) else 0

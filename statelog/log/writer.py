@@ -28,7 +28,6 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from statelog.errors import FencedError, RemoteError, StorageError
 from statelog.format.wal import (
@@ -39,10 +38,8 @@ from statelog.format.wal import (
     padding,
     segment_name,
 )
+from statelog.log.counters import WalMetrics
 from statelog.storage.fileio import AppendFile, Buffer, FileLayer
-
-if TYPE_CHECKING:
-    from statelog.ops.metrics import StoreMetrics
 
 __all__ = ["FenceWatch", "WalWriter"]
 
@@ -85,7 +82,7 @@ class WalWriter:
         self._unsynced = False  # records appended since the last sync the writer made
         self.on_seal: Callable[[int, int], None] | None = None
         """Called with (last LSN, seal crc) after each seal: the log's segment boundaries."""
-        self.metrics: StoreMetrics | None = None
+        self.metrics: WalMetrics | None = None
         """Bound by the store: bytes appended and fsync seconds are counted here."""
 
     @property

@@ -26,7 +26,6 @@ Every per-store series carries a ``store`` label: the store's resolved path.
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
 from bisect import bisect_left
@@ -37,15 +36,15 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any, Final
 
-import msgspec
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from statelog import events
+from statelog.format.snapshot import HEADER_SIZE as SNAPSHOT_HEADER_SIZE
+from statelog.format.snapshot import peek_created_ms, peek_meta_len
 from statelog.log.segments import list_segments
-from statelog.storage.snapshots import MAGIC as SNAPSHOT_MAGIC
 from statelog.storage.snapshots import list_snapshots
 
 __all__ = [
@@ -274,11 +273,7 @@ def install() -> None:
 
 # -- scrape-time gauges ----------------------------------------------------------
 
-# Header layout from docs/format.md ("Snapshots"): meta_len is the u32 at
-# byte 52, and the msgpack meta follows the 64-byte header.
-_META_LEN = struct.Struct("<I")
-_META_LEN_AT = 52
-_SNAP_HEADER = 64
+# A scrape reads at most this much meta: a damaged length field costs no more.
 _META_MAX = 1 << 20
 
 
@@ -365,21 +360,14 @@ def _created_seconds(path: Path) -> float | None:
     try:
         mtime = path.stat().st_mtime
         with path.open("rb") as fh:
-            head = fh.read(_SNAP_HEADER)
-            if len(head) < _SNAP_HEADER or head[:8] != SNAPSHOT_MAGIC:
+            meta_len = peek_meta_len(fh.read(SNAPSHOT_HEADER_SIZE))
+            if meta_len is None:
                 return mtime
-            (meta_len,) = _META_LEN.unpack_from(head, _META_LEN_AT)
             raw = fh.read(min(meta_len, _META_MAX))
     except OSError:
         return None
-    try:
-        meta = msgspec.msgpack.decode(raw)
-    except msgspec.DecodeError:
-        return mtime
-    created = meta.get("created_ms") if isinstance(meta, dict) else None
-    if isinstance(created, int) and not isinstance(created, bool) and created > 0:
-        return created / 1000.0
-    return mtime
+    created = peek_created_ms(raw)
+    return mtime if created is None else created / 1000.0
 
 
 _GAUGES: Final = _StoreGauges()

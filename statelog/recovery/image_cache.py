@@ -36,8 +36,9 @@ from typing import Any
 
 import crc32c
 
+from statelog.format.snapshot import FOOTER_SIZE
 from statelog.storage.fileio import FileLayer
-from statelog.storage.snapshots import FOOTER_SIZE, SnapshotMeta, extract_snapshot
+from statelog.storage.snapshots import SnapshotMeta, extract_snapshot
 
 __all__ = ["STAMP_SUFFIX", "extract_stamped", "reusable_image", "stamp_of"]
 

@@ -36,8 +36,7 @@ import msgspec
 
 from statelog.errors import CorruptionError, ResnapshotRequired, StorageError
 from statelog.format.records import decode_record
-from statelog.format.wal import HEADER_SIZE, SegmentHeader
-from statelog.log.reader import SegmentScan, StopKind, scan_segment
+from statelog.log.reader import SegmentScan, StopKind, peek_generation, scan_segment
 from statelog.log.segments import list_segments
 from statelog.recovery.damage import Progress, corruption, torn_tail
 from statelog.recovery.report import RecoveryReport
@@ -87,12 +86,40 @@ def recover_log(
     :raises StorageError: reading failed (I/O error); nothing was changed.
     """
     started = time.perf_counter()
+    prog = Progress(state)
+    end = LogEnd()
+    segments = _segments_to_replay(wal_dir, state, after, end)
+    _replay(files, store_id, segments, end, prog, repair=repair, strict=strict)
+    report = RecoveryReport(
+        epoch=state.epoch,
+        snapshot=None,
+        replayed=prog.replayed,
+        truncated_bytes=prog.truncated,
+        rejected=tuple(prog.rejected),
+        lost_epochs=prog.lost,
+        seconds=time.perf_counter() - started,
+        outcome=prog.outcome,
+        segments=len(segments),
+        saved_aside=tuple(prog.saved),
+    )
+    return report, end
+
+
+_Segments = list[tuple[int, int, Path]]
+
+
+def _segments_to_replay(
+    wal_dir: Path, state: LiveState, after: tuple[int, int] | None, end: LogEnd
+) -> _Segments:
+    """The segments after the snapshot ``after`` (all: none), with ``end`` set to link to it.
+
+    :raises ResnapshotRequired: no log at all, or one that does not begin
+        right after what ``state`` holds.
+    """
     try:
         segments = list_segments(wal_dir)
     except FileNotFoundError:
         segments = []
-    prog = Progress(state)
-    end = LogEnd()
     if after is not None:
         covered = [s for s in segments if s[1] <= after[0]]
         # Sequence numbers go on from the segments the snapshot covers.
@@ -114,6 +141,24 @@ def recover_log(
             f"epochs 1..{segments[0][1] - 1}",
             [(segments[0][2], "log does not reach back to the start")],
         )
+    return segments
+
+
+def _replay(
+    files: FileLayer,
+    store_id: uuid.UUID,
+    segments: _Segments,
+    end: LogEnd,
+    prog: Progress,
+    *,
+    repair: bool,
+    strict: bool,
+) -> None:
+    """Replay ``segments`` in order into ``prog.state`` until the first that does not end clean.
+
+    That one is handled by policy (module docstring) and ends the replay.
+    """
+    state = prog.state
     for i, (seq, lsn, path) in enumerate(segments):
         data = _read(files, path)
         scan = scan_segment(
@@ -145,30 +190,15 @@ def recover_log(
             end.sequence = scan.header.sequence
             end.unsealed = path if scan.sealed_lsn is None else None
         break
-    report = RecoveryReport(
-        epoch=state.epoch,
-        snapshot=None,
-        replayed=prog.replayed,
-        truncated_bytes=prog.truncated,
-        rejected=tuple(prog.rejected),
-        lost_epochs=prog.lost,
-        seconds=time.perf_counter() - started,
-        outcome=prog.outcome,
-        segments=len(segments),
-        saved_aside=tuple(prog.saved),
-    )
-    return report, end
 
 
 def _generation_of(path: Path) -> int:
     """The generation in ``path``'s header, 0 if unreadable: a baseline only, so an
     unreadable file weakens the check instead of failing a recovery that skips it."""
     try:
-        with path.open("rb") as f:
-            head = f.read(HEADER_SIZE)
+        return peek_generation(path)
     except OSError:
         return 0
-    return SegmentHeader.unpack(head).generation if SegmentHeader.crc_ok(head) else 0
 
 
 def _read(files: FileLayer, path: Path) -> bytes:

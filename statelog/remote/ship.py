@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import struct
 import time
 import uuid
 from collections.abc import Iterator
@@ -49,8 +48,8 @@ from pathlib import Path
 import msgspec
 
 from statelog.errors import CorruptionError, FencedError, FormatVersionError, RemoteError
-from statelog.format.wal import HEADER_SIZE, SegmentHeader
-from statelog.log.reader import StopKind, peek_seal, scan_segment
+from statelog.format.wal import SegmentHeader
+from statelog.log.reader import StopKind, peek_generation, peek_seal, scan_segment
 from statelog.log.segments import list_segments
 from statelog.remote.client import RemoteClient
 from statelog.remote.errors import ObjectExistsError, RemoteNotFoundError
@@ -74,8 +73,6 @@ __all__ = ["ShipResult", "header_generation", "ship"]
 
 log = logging.getLogger("statelog.remote")
 
-_GENERATION_AT = 52  # the 8 reserved bytes of the segment header (docs/remote.md)
-
 
 @dataclass(frozen=True)
 class ShipResult:
@@ -96,7 +93,7 @@ class ShipResult:
 
 def header_generation(header: bytes) -> int:
     """The writer generation in a segment header's reserved bytes (0: none recorded)."""
-    return int(struct.unpack_from("<Q", header, _GENERATION_AT)[0])
+    return SegmentHeader.unpack(header).generation
 
 
 def _owner(
@@ -204,7 +201,7 @@ def _segments(
             log.error("event=ship_skipped_damaged file=%s reason=%r", rel, scan.stop.reason)
             yield path
             continue
-        written_by = header_generation(data[:HEADER_SIZE])
+        written_by = scan.header.generation
         if written_by and written_by < highest:
             raise FencedError(
                 f"{rel} follows a segment of generation {highest}: a fenced writer's",
@@ -238,11 +235,9 @@ def _segments(
 def _generation_of(path: Path) -> int:
     """The generation in ``path``'s header; 0 if it is gone or does not verify."""
     try:
-        with path.open("rb") as f:
-            head = f.read(HEADER_SIZE)
+        return peek_generation(path)
     except FileNotFoundError:
         return 0
-    return SegmentHeader.unpack(head).generation if SegmentHeader.crc_ok(head) else 0
 
 
 def _snapshots(
@@ -302,30 +297,14 @@ def ship(
     gen, m = _owner(client, store, sid, rec, generation)
     keys = StoreKeys(sid)
     up = _Uploader(client, keys, gen, m)
-    done = set(rec.files)
     identity = files.read(store / IDENTITY)
     identity_sha = hashlib.sha256(identity).hexdigest()
     if m.identity_sha256 != identity_sha:
         up.put(keys.identity, identity, identity_sha)
-    new: list[Entry] = []
-    damaged: list[Path] = []
     shipped: dict[str, Shipped] = dict(rec.files)
     now = int(time.time() * 1000)
     try:
-        for kind, found in (
-            (WAL_DIR, _segments(store, sid, gen, rec.adopted_through, done)),
-            (SNAPSHOT_DIR, _snapshots(store, files, sid, gen, done)),
-        ):
-            for item in found:
-                if isinstance(item, Path):
-                    damaged.append(item)
-                    continue
-                e, data = item
-                added = up.entry(e, data)
-                if added is not None:
-                    new.append(added)
-                listed = added or up.known[(e.kind, e.name)]
-                shipped[f"{kind}/{e.name}"] = Shipped(listed.key, e.sha256, e.size, now)
+        new, damaged = _upload(store, files, sid, rec, up, shipped, now)
         result = commit(client, sid, gen, lambda cur: _with_entries(cur, new, identity_sha))
     except FencedError:
         _discard(client, up.uploaded)
@@ -353,6 +332,41 @@ def ship(
         out.last_epoch, len(damaged), out.seconds,
     )  # fmt: skip
     return out
+
+
+def _upload(
+    store: Path,
+    files: FileLayer,
+    sid: uuid.UUID,
+    rec: ShipRecord,
+    up: _Uploader,
+    shipped: dict[str, Shipped],
+    now: int,
+) -> tuple[list[Entry], list[Path]]:
+    """Upload the sealed segments, then the snapshots, that ``rec`` does not list as shipped.
+
+    Each file shipped (or found already there) is added to ``shipped``.
+    :returns: the manifest entries added, and the damaged files left behind.
+    :raises FencedError: another generation owns the store.
+    """
+    done = set(rec.files)
+    new: list[Entry] = []
+    damaged: list[Path] = []
+    for kind, found in (
+        (WAL_DIR, _segments(store, sid, up.gen, rec.adopted_through, done)),
+        (SNAPSHOT_DIR, _snapshots(store, files, sid, up.gen, done)),
+    ):
+        for item in found:
+            if isinstance(item, Path):
+                damaged.append(item)
+                continue
+            e, data = item
+            added = up.entry(e, data)
+            if added is not None:
+                new.append(added)
+            listed = added or up.known[(e.kind, e.name)]
+            shipped[f"{kind}/{e.name}"] = Shipped(listed.key, e.sha256, e.size, now)
+    return new, damaged
 
 
 def _with_entries(cur: Manifest, new: list[Entry], identity_sha: str) -> Manifest:

@@ -17,26 +17,21 @@ reconciler should build on is one shard (:meth:`ShardedStore.commit_shard`
 or ``shard(i).transaction()``), with each source partition assigned to one
 shard and its offsets kept there.
 
-Creation order: every shard store is created first (each durably, by
-``statelog.open``), then ``SHARDS`` (temp file, fsync, rename, fsync of the
-root). A root without ``SHARDS`` is therefore an unfinished creation whose
-shard directories hold no commit, and the next creation adopts them; a root
-with ``SHARDS`` never re-creates a shard it lost.
+Creating a root (:mod:`statelog.sharding.creation`) writes every shard store
+first and the ``SHARDS`` manifest last, so a root without ``SHARDS`` is an
+unfinished creation the next one adopts.
 """
 
 from __future__ import annotations
 
 import logging
-import tempfile
 import threading
-import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from statelog.errors import (
     InvalidOptionError,
-    NotAStoreError,
     ReadOnlyStoreError,
     StatelogError,
     StoreClosedError,
@@ -44,6 +39,7 @@ from statelog.errors import (
 )
 from statelog.recovery.report import RecoveryReport
 from statelog.sharding.access import ShardAccess, ShardCommitError
+from statelog.sharding.creation import check_store_options, create_root
 from statelog.sharding.partition import (
     MANIFEST,
     Key,
@@ -53,7 +49,6 @@ from statelog.sharding.partition import (
     expand_stores,
     read_manifest,
     shard_dir_name,
-    write_manifest,
 )
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import IDENTITY
@@ -127,7 +122,7 @@ class ShardedStore(ShardAccess):
             raise InvalidOptionError(f"lazy={lazy!r}", hint="pass True or False")
         if on_failure not in ("raise", "report"):
             raise InvalidOptionError(f"on_failure={on_failure!r}", hint="use 'raise' or 'report'")
-        _check_store_options(store_options)
+        check_store_options(store_options)
         self.root = Path(root)
         self.readonly: bool = store_options.get("readonly", False)
         self._options = dict(store_options)
@@ -147,7 +142,9 @@ class ShardedStore(ShardAccess):
                     "was changed",
                 )
             self.manifest = ShardManifest.build(shards, partition or "hash", boundaries)
-            self._create(keep_open=not lazy)
+            self._stores = create_root(
+                self.root, self.manifest, self._options, self._files, keep_open=not lazy
+            )
         else:
             bad = manifest.mismatches(shards, partition, boundaries)
             if bad:
@@ -172,60 +169,6 @@ class ShardedStore(ShardAccess):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- creation --------------------------------------------------------
-    def _create(self, *, keep_open: bool) -> None:
-        """Create every shard store, then ``SHARDS`` (temp, fsync, rename, fsync root)."""
-        n = self.manifest.shards
-        self._check_can_host(n)
-        self._files.makedirs(self.root)
-        stray = self.root / (MANIFEST + ".tmp")
-        if stray.exists():
-            self._files.remove(stray)
-            self._files.fsync_dir(self.root)
-        try:
-            for i in range(n):
-                store = open_store(self.shard_path(i), **self._options)
-                if keep_open:
-                    self._stores[i] = store
-                else:
-                    store.close()
-            write_manifest(self.root, self.manifest, self._files)
-        except BaseException:
-            self._close_all()
-            raise
-        log.info(
-            "root=%s event=sharded_root_created shards=%d partition=%s",
-            self.root,
-            n,
-            self.manifest.partition,
-        )
-
-    def _check_can_host(self, n: int) -> None:
-        """Refuse a root holding anything but shard directories of an unfinished creation."""
-        root = self.root
-        for p in (root, *root.parents):
-            if p.exists():
-                if not p.is_dir():
-                    raise NotAStoreError(f"{p} is not a directory")
-                break
-        if not root.is_dir():
-            return
-        allowed = {shard_dir_name(i) for i in range(n)} | {MANIFEST + ".tmp"}
-        foreign = sorted(p.name for p in root.iterdir() if p.name not in allowed)
-        if foreign:
-            raise NotAStoreError(
-                f"{root} is not a sharded root (it holds {', '.join(foreign[:5])})",
-                hint="choose an empty or new directory for a new sharded root; nothing was changed",
-            )
-        for i in range(n):
-            d = self.shard_path(i)
-            if d.is_dir() and _holds_commits(d):
-                raise NotAStoreError(
-                    f"{d} holds commits but {root} has no {MANIFEST} manifest",
-                    hint=f"restore {MANIFEST} from a backup, or open that directory as a "
-                    "plain store; nothing was changed",
-                )
 
     # -- shards ----------------------------------------------------------
     def shard_path(self, index: int) -> Path:
@@ -255,7 +198,7 @@ class ShardedStore(ShardAccess):
                 return store
             options = {**self._options, **overrides}
             if overrides:
-                _check_store_options(options)
+                check_store_options(options)
             path = self.shard_path(idx)
             try:
                 if not (path / IDENTITY).is_file() and not options.get("readonly", False):
@@ -366,36 +309,3 @@ class ShardedStore(ShardAccess):
         m = self.manifest
         state = " closed" if self._closed else ""
         return f"<ShardedStore {self.root} shards={m.shards} {m.partition}{state}>"
-
-
-def _holds_commits(shard: Path) -> bool:
-    """Whether a shard directory left without a manifest holds any commit (read-only look)."""
-    try:
-        with open_store(shard, readonly=True) as ro:
-            return ro.epoch > 0
-    except StoreNotFoundError:
-        return False  # no identity: creating the store refuses a log with records by itself
-    except StatelogError:
-        return True  # damaged or foreign: never adopt it
-
-
-def _check_store_options(options: Mapping[str, Any]) -> None:
-    """Check shard store options before anything is created.
-
-    The store checks its own options first thing, before any I/O; a
-    read-only open of a path that holds no store runs exactly those checks
-    and then stops, so it validates without duplicating the rules.
-
-    :raises InvalidOptionError: an unknown or bad option.
-    """
-    if "path" in options:
-        raise InvalidOptionError("path= is not a store option", hint="pass root= instead")
-    readonly = options.get("readonly", False)
-    if not isinstance(readonly, bool):
-        raise InvalidOptionError(f"readonly={readonly!r}", hint="pass True or False")
-    probe = Path(tempfile.gettempdir()) / f"statelog-option-probe-{uuid.uuid4().hex}"
-    try:
-        open_store(probe, **{**options, "readonly": True})
-    except StoreNotFoundError:
-        return
-    raise AssertionError(f"{probe} unexpectedly holds a store")  # pragma: no cover

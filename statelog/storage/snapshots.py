@@ -1,17 +1,8 @@
 """Snapshot files: the base level, zstd-compressed, hashed, written atomically.
 
-Grammar (all integers little-endian; ``docs/format.md``, "Snapshots", has
-the byte-offset tables and a worked example)::
-
-    snapshot := header meta body footer
-    header   := magic "STLGSNAP"(8) version(u16)=1 header_len(u16)=64 flags(u32)=0
-                store_id(16) epoch(u64) lsn(u64) chain(u32)
-                meta_len(u32) body_len(u64)                        -- 64 bytes
-    meta     := msgpack map {"offsets", "low_watermark_ms", "tables",
-                "image_bytes", "created_ms", "compression": "zstd"}   -- meta_len bytes
-    body     := one zstd frame (content size and content checksum in it)
-                holding the LMDB image of :mod:`statelog.storage.image`     -- body_len bytes
-    footer   := sha256(header meta body)(32) magic "STLGSEND"(8)   -- 40 bytes
+The byte layout (header, meta, body, footer) is :mod:`statelog.format.snapshot`;
+this module does the file I/O: it writes a snapshot durably, verifies one,
+and extracts its LMDB image.
 
 File name: ``<epoch:016x>-<lsn:016x>.snap`` in ``STORE/snapshots``, so name
 order is age order. ``chain`` is the crc the log continues from after
@@ -26,19 +17,32 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
-import struct
 import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Annotated, cast
+from typing import IO, cast
 
 import msgspec
 import zstandard
 
 from statelog.errors import CorruptionError, FormatVersionError
+from statelog.format.snapshot import (
+    END_MAGIC,
+    FOOTER_SIZE,
+    HEADER_SIZE,
+    MAGIC,
+    VERSION,
+    MetaDoc,
+    SnapshotHeader,
+    decode_meta,
+    encode_meta,
+    pack_footer,
+    parse_snapshot_name,
+    snapshot_name,
+    unpack_footer,
+)
 from statelog.storage.fileio import FileLayer
 
 __all__ = [
@@ -51,37 +55,11 @@ __all__ = [
     "write_snapshot",
 ]
 
-MAGIC = b"STLGSNAP"
-END_MAGIC = b"STLGSEND"
-VERSION = 1
-HEADER_SIZE = 64
-FOOTER_SIZE = 40
-SNAPSHOT_SUFFIX = ".snap"
-# magic, version, header_len, flags, store_id, epoch, lsn, chain, meta_len, body_len
-_HEADER = struct.Struct("<8sHHI16sQQIIQ")
-_FOOTER = struct.Struct("<32s8s")
-assert _HEADER.size == HEADER_SIZE and _FOOTER.size == FOOTER_SIZE
 _CHUNK = 1 << 20
-_NAME = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})\.snap$")
 _HINT = (
     "recovery skips a damaged snapshot and walks back to an older one; "
     "the file is kept as evidence (run `statelog verify` to list damaged files)"
 )
-_NonNegative = Annotated[int, msgspec.Meta(ge=0)]
-
-
-class _MetaDoc(msgspec.Struct):
-    """The meta map. Readers ignore keys they do not know; every key here is required."""
-
-    offsets: dict[str, int]
-    low_watermark_ms: int
-    tables: dict[str, _NonNegative]
-    image_bytes: _NonNegative
-    created_ms: int
-    compression: str
-
-
-_meta_decoder = msgspec.msgpack.Decoder(_MetaDoc)
 
 
 @dataclass(frozen=True)
@@ -97,17 +75,6 @@ class SnapshotMeta:
     tables: dict[str, int]
     image_bytes: int
     created_ms: int
-
-
-def snapshot_name(epoch: int, lsn: int) -> str:
-    """File name of a snapshot: hex epoch and hex LSN, so name order is age order."""
-    return f"{epoch:016x}-{lsn:016x}{SNAPSHOT_SUFFIX}"
-
-
-def parse_snapshot_name(path: Path | str) -> tuple[int, int] | None:
-    """``(epoch, lsn)`` from a snapshot file name, or None for any other file."""
-    m = _NAME.match(Path(path).name)
-    return None if m is None else (int(m.group(1), 16), int(m.group(2), 16))
 
 
 def list_snapshots(snap_dir: Path) -> list[tuple[int, int, Path]]:
@@ -169,7 +136,7 @@ def write_snapshot(
                 while chunk := body.read(_CHUNK):
                     hasher.update(chunk)
                     out.write([chunk])
-                out.write([_FOOTER.pack(hasher.digest(), END_MAGIC)])
+                out.write([pack_footer(hasher.digest())])
                 out.sync()
             finally:
                 out.close()
@@ -193,19 +160,12 @@ def _check(meta: SnapshotMeta, image_size: int) -> None:
 
 
 def _pack_head(meta: SnapshotMeta, body_len: int) -> bytes:
-    doc = _MetaDoc(
-        offsets=dict(sorted(meta.offsets.items())),
-        low_watermark_ms=meta.low_watermark_ms,
-        tables=dict(sorted(meta.tables.items())),
-        image_bytes=meta.image_bytes,
-        created_ms=meta.created_ms,
-        compression="zstd",
+    encoded = encode_meta(
+        meta.offsets, meta.low_watermark_ms, meta.tables, meta.image_bytes, meta.created_ms
     )
-    encoded = msgspec.msgpack.encode(doc)
-    fixed = _HEADER.pack(
-        MAGIC, VERSION, HEADER_SIZE, 0, meta.store_id.bytes, meta.epoch, meta.lsn, meta.chain,
-        len(encoded), body_len,
-    )  # fmt: skip
+    fixed = SnapshotHeader(
+        meta.store_id, meta.epoch, meta.lsn, meta.chain, len(encoded), body_len
+    ).pack()
     return fixed + encoded
 
 
@@ -336,75 +296,105 @@ def _inflate(path: Path, src: _Section, sink: _Sink, offset: int) -> None:
 
 
 def _read(path: Path, store_id: uuid.UUID | None, out: IO[bytes] | None) -> SnapshotMeta:
+    """Every check of :func:`verify_snapshot`, in its order; the image goes to ``out`` if given."""
     named = parse_snapshot_name(path)
     if named is None:
         raise _fail(path, 0, "name: not <epoch:016x>-<lsn:016x>.snap, so unchecked against it")
     with _open_read(path) as fh:
         size = os.fstat(fh.fileno()).st_size
         head = fh.read(HEADER_SIZE)
-        if len(head) >= 8 and head[:8] != MAGIC:
-            raise _fail(path, 0, f"header: bad magic {head[:8]!r}, not a statelog snapshot")
-        if len(head) >= 10 and (version := struct.unpack_from("<H", head, 8)[0]) != VERSION:
-            raise FormatVersionError(path, version, VERSION)
-        if size < HEADER_SIZE + FOOTER_SIZE:
-            raise _fail(path, size, f"size: truncated, {size} bytes is less than header+footer")
-        _, _, hlen, flags, raw_id, epoch, lsn, chain, meta_len, body_len = _HEADER.unpack(head)
-        if hlen != HEADER_SIZE or flags:
-            raise _fail(path, 10, f"header: header_len={hlen} flags={flags:#x}, want 64 and 0")
-        meta_at, body_at, foot_at = HEADER_SIZE, HEADER_SIZE + meta_len, size - FOOTER_SIZE
-        if body_at + body_len != foot_at:
-            raise _fail(
-                path,
-                min(size, body_at + body_len + FOOTER_SIZE),
-                f"size: header declares {body_at + body_len + FOOTER_SIZE} bytes "
-                f"(meta {meta_len}, body {body_len}), the file holds {size}: "
-                "truncated, or a damaged length field",
-            )
-        if (epoch, lsn) != named:
-            raise _fail(path, 32, f"header: epoch {epoch} and lsn {lsn} disagree with the name")
-        sid = uuid.UUID(bytes=raw_id)
-        if store_id is not None and sid != store_id:
-            raise _fail(path, 16, f"header: snapshot of store {sid}, not of {store_id}")
-        fh.seek(foot_at)
-        digest, end = _FOOTER.unpack(fh.read(FOOTER_SIZE))
+        h = _check_header(path, head, size, named, store_id)
+        fh.seek(size - FOOTER_SIZE)
+        digest, end = unpack_footer(fh.read(FOOTER_SIZE))
         if end != END_MAGIC:
             raise _fail(path, size - 8, f"footer: bad end magic {end!r}")
-        fh.seek(meta_at)
-        raw_meta = fh.read(meta_len)
+        fh.seek(HEADER_SIZE)
+        raw_meta = fh.read(h.meta_len)
         try:
-            doc = _meta_decoder.decode(raw_meta)
+            doc = decode_meta(raw_meta)
         except msgspec.DecodeError as exc:
-            raise _fail(path, meta_at, f"meta: does not decode: {exc}") from exc
+            raise _fail(path, HEADER_SIZE, f"meta: does not decode: {exc}") from exc
         if doc.compression != "zstd":
-            raise _fail(path, meta_at, f"meta: unknown compression {doc.compression!r}")
-        body = _Section(fh, body_len, hashlib.sha256(head + raw_meta))
-        sink = _Sink(out, doc.image_bytes)
-        if out is not None:
-            _inflate(path, body, sink, body_at)
-        while body.read(_CHUNK):
-            pass  # hash what the decompressor did not read
-        if body.left:
-            raise _fail(path, size - body.left, "size: the file shrank while it was read")
-        if body.hasher.digest() != digest:
-            if out is None:  # tell body damage from damage elsewhere
-                with _open_read(path) as again:
-                    again.seek(body_at)
-                    _inflate(path, _Section(again, body_len, hashlib.sha256()), sink, body_at)
-            raise _fail(
-                path,
-                foot_at,
-                f"sha256 mismatch: footer holds {digest.hex()[:16]}..., the bytes hash to "
-                f"{body.hasher.hexdigest()[:16]}...; the body still decodes in full and passes "
-                "its zstd checksum, so what changed is covered by the hash alone: the header's "
-                "chain, a meta value, the digest, or a frame bit zstd does not check",
-            )
-    try:  # the hash matched, so a mismatch below is a writer's bug, not damage on disk
-        declared = zstandard.frame_content_size(body.head)
+            raise _fail(path, HEADER_SIZE, f"meta: unknown compression {doc.compression!r}")
+        body = _Section(fh, h.body_len, hashlib.sha256(head + raw_meta))
+        _check_body(path, body, _Sink(out, doc.image_bytes), digest, size, inflate=out is not None)
+    return _meta_of(path, h, doc, body.head)
+
+
+def _check_header(
+    path: Path, head: bytes, size: int, named: tuple[int, int], store_id: uuid.UUID | None
+) -> SnapshotHeader:
+    """The header's checks: magic, version, file size, fixed fields, lengths, name, store id."""
+    if len(head) >= 8 and head[:8] != MAGIC:
+        raise _fail(path, 0, f"header: bad magic {head[:8]!r}, not a statelog snapshot")
+    version = SnapshotHeader.peek_version(head)
+    if version is not None and version != VERSION:
+        raise FormatVersionError(path, version, VERSION)
+    if size < HEADER_SIZE + FOOTER_SIZE:
+        raise _fail(path, size, f"size: truncated, {size} bytes is less than header+footer")
+    h = SnapshotHeader.unpack(head)
+    if h.header_len != HEADER_SIZE or h.flags:
+        why = f"header: header_len={h.header_len} flags={h.flags:#x}, want 64 and 0"
+        raise _fail(path, 10, why)
+    declared = HEADER_SIZE + h.meta_len + h.body_len + FOOTER_SIZE
+    if declared != size:
+        raise _fail(
+            path,
+            min(size, declared),
+            f"size: header declares {declared} bytes "
+            f"(meta {h.meta_len}, body {h.body_len}), the file holds {size}: "
+            "truncated, or a damaged length field",
+        )
+    if (h.epoch, h.lsn) != named:
+        raise _fail(path, 32, f"header: epoch {h.epoch} and lsn {h.lsn} disagree with the name")
+    if store_id is not None and h.store_id != store_id:
+        raise _fail(path, 16, f"header: snapshot of store {h.store_id}, not of {store_id}")
+    return h
+
+
+def _check_body(
+    path: Path, body: _Section, sink: _Sink, digest: bytes, size: int, *, inflate: bool
+) -> None:
+    """Hash the body (decompressing it into ``sink`` first if ``inflate``) against ``digest``.
+
+    On a mismatch without ``inflate``, the body is decompressed from a second
+    read to tell body damage (its zstd checksum fails) from damage elsewhere.
+    """
+    # The header's lengths were checked against the file size: the body ends at the footer.
+    body_at, foot_at = size - FOOTER_SIZE - body.left, size - FOOTER_SIZE
+    if inflate:
+        _inflate(path, body, sink, body_at)
+    while body.read(_CHUNK):
+        pass  # hash what the decompressor did not read
+    if body.left:
+        raise _fail(path, size - body.left, "size: the file shrank while it was read")
+    if body.hasher.digest() == digest:
+        return
+    if not inflate:
+        with _open_read(path) as again:
+            again.seek(body_at)
+            _inflate(path, _Section(again, foot_at - body_at, hashlib.sha256()), sink, body_at)
+    raise _fail(
+        path,
+        foot_at,
+        f"sha256 mismatch: footer holds {digest.hex()[:16]}..., the bytes hash to "
+        f"{body.hasher.hexdigest()[:16]}...; the body still decodes in full and passes "
+        "its zstd checksum, so what changed is covered by the hash alone: the header's "
+        "chain, a meta value, the digest, or a frame bit zstd does not check",
+    )
+
+
+def _meta_of(path: Path, h: SnapshotHeader, doc: MetaDoc, frame_head: bytes) -> SnapshotMeta:
+    """What a snapshot whose hash matched says; a length mismatch here is a writer's bug."""
+    try:
+        declared = zstandard.frame_content_size(frame_head)
     except zstandard.ZstdError as exc:
-        raise _fail(path, body_at, f"body: no zstd frame header: {exc}") from exc
+        raise _fail(path, HEADER_SIZE + h.meta_len, f"body: no zstd frame header: {exc}") from exc
     if declared != doc.image_bytes:
-        raise _fail(path, meta_at, f"meta: image_bytes {doc.image_bytes}, body holds {declared}")
+        raise _fail(
+            path, HEADER_SIZE, f"meta: image_bytes {doc.image_bytes}, body holds {declared}"
+        )
     return SnapshotMeta(
-        sid, epoch, lsn, chain, doc.offsets, doc.low_watermark_ms, doc.tables, doc.image_bytes,
-        doc.created_ms,
+        h.store_id, h.epoch, h.lsn, h.chain, doc.offsets, doc.low_watermark_ms, doc.tables,
+        doc.image_bytes, doc.created_ms,
     )  # fmt: skip

@@ -1,0 +1,204 @@
+"""Byte layout of snapshot files (format version 1).
+
+Constants and pure functions only: no file I/O. :mod:`statelog.storage.snapshots`
+writes and verifies snapshot files with them; :mod:`statelog.ops.metrics`
+peeks at a header's meta to tell a snapshot's age. ``docs/format.md``,
+"Snapshots", has the byte-offset tables and a worked example.
+
+Grammar (all integers little-endian)::
+
+    snapshot := header meta body footer
+    header   := magic "STLGSNAP"(8) version(u16)=1 header_len(u16)=64 flags(u32)=0
+                store_id(16) epoch(u64) lsn(u64) chain(u32)
+                meta_len(u32) body_len(u64)                        -- 64 bytes
+    meta     := msgpack map {"offsets", "low_watermark_ms", "tables",
+                "image_bytes", "created_ms", "compression": "zstd"}   -- meta_len bytes
+    body     := one zstd frame (content size and content checksum in it)
+                holding the LMDB image of :mod:`statelog.storage.image`     -- body_len bytes
+    footer   := sha256(header meta body)(32) magic "STLGSEND"(8)   -- 40 bytes
+
+File name: ``<epoch:016x>-<lsn:016x>.snap``, so name order is age order.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+__all__ = [
+    "END_MAGIC",
+    "FOOTER_SIZE",
+    "HEADER_SIZE",
+    "MAGIC",
+    "SNAPSHOT_SUFFIX",
+    "VERSION",
+    "MetaDoc",
+    "SnapshotHeader",
+    "decode_meta",
+    "encode_meta",
+    "pack_footer",
+    "parse_snapshot_name",
+    "peek_created_ms",
+    "peek_meta_len",
+    "snapshot_name",
+    "unpack_footer",
+]
+
+MAGIC = b"STLGSNAP"
+END_MAGIC = b"STLGSEND"
+VERSION = 1
+HEADER_SIZE = 64
+FOOTER_SIZE = 40
+SNAPSHOT_SUFFIX = ".snap"
+
+# magic, version, header_len, flags, store_id, epoch, lsn, chain, meta_len, body_len
+_HEADER = struct.Struct("<8sHHI16sQQIIQ")
+_VERSION = struct.Struct("<H")  # bytes 8..10, readable before the rest of the header
+_FOOTER = struct.Struct("<32s8s")
+assert _HEADER.size == HEADER_SIZE and _FOOTER.size == FOOTER_SIZE
+_NAME = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})\.snap$")
+_NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotHeader:
+    """The 64-byte header that opens every snapshot file.
+
+    ``chain`` is the crc the log continues from after ``lsn``; ``meta_len``
+    and ``body_len`` are the lengths of the two sections that follow.
+    """
+
+    store_id: uuid.UUID
+    epoch: int
+    lsn: int
+    chain: int
+    meta_len: int
+    body_len: int
+    version: int = VERSION
+    header_len: int = HEADER_SIZE
+    flags: int = 0
+
+    def pack(self) -> bytes:
+        """The header's 64 bytes.
+
+        :raises struct.error: a field does not fit its width.
+        """
+        return _HEADER.pack(
+            MAGIC, self.version, self.header_len, self.flags, self.store_id.bytes,
+            self.epoch, self.lsn, self.chain, self.meta_len, self.body_len,
+        )  # fmt: skip
+
+    @classmethod
+    def unpack(cls, data: bytes | memoryview) -> SnapshotHeader:
+        """Parse 64 header bytes whose magic the caller has already checked.
+
+        :raises struct.error: ``data`` is shorter than 64 bytes.
+        """
+        _, version, hlen, flags, raw_id, epoch, lsn, chain, meta_len, body_len = (
+            _HEADER.unpack_from(data)
+        )
+        sid = uuid.UUID(bytes=bytes(raw_id))
+        return cls(sid, epoch, lsn, chain, meta_len, body_len, version, hlen, flags)
+
+    @staticmethod
+    def peek_version(data: bytes | memoryview) -> int | None:
+        """The version field if ``data`` starts with the magic, else None."""
+        if len(data) < 10 or bytes(data[:8]) != MAGIC:
+            return None
+        return int(_VERSION.unpack_from(data, 8)[0])
+
+
+class MetaDoc(msgspec.Struct):
+    """The meta map. Readers ignore keys they do not know; every key here is required."""
+
+    offsets: dict[str, int]
+    low_watermark_ms: int
+    tables: dict[str, _NonNegative]
+    image_bytes: _NonNegative
+    created_ms: int
+    compression: str
+
+
+_meta_decoder = msgspec.msgpack.Decoder(MetaDoc)
+
+
+def encode_meta(
+    offsets: dict[str, int],
+    low_watermark_ms: int,
+    tables: dict[str, int],
+    image_bytes: int,
+    created_ms: int,
+) -> bytes:
+    """The msgpack meta section, maps in key order so equal metas encode to equal bytes."""
+    doc = MetaDoc(
+        offsets=dict(sorted(offsets.items())),
+        low_watermark_ms=low_watermark_ms,
+        tables=dict(sorted(tables.items())),
+        image_bytes=image_bytes,
+        created_ms=created_ms,
+        compression="zstd",
+    )
+    return msgspec.msgpack.encode(doc)
+
+
+def decode_meta(raw: bytes) -> MetaDoc:
+    """Parse a meta section, checking every required key and its type.
+
+    :raises msgspec.DecodeError: not a meta map of this format.
+    """
+    return _meta_decoder.decode(raw)
+
+
+def peek_meta_len(head: bytes) -> int | None:
+    """``meta_len`` if ``head`` is a whole snapshot header (by its magic), else None."""
+    if len(head) < HEADER_SIZE or head[:8] != MAGIC:
+        return None
+    return SnapshotHeader.unpack(head).meta_len
+
+
+def peek_created_ms(raw_meta: bytes) -> int | None:
+    """``created_ms`` from meta bytes read unverified, or None.
+
+    For readers that must stay cheap and tell only a snapshot's age: None
+    when the meta does not decode or holds no positive ``created_ms``
+    (damage is for verification to report, not this).
+    """
+    try:
+        meta = msgspec.msgpack.decode(raw_meta)
+    except msgspec.DecodeError:
+        return None
+    created = meta.get("created_ms") if isinstance(meta, dict) else None
+    if isinstance(created, int) and not isinstance(created, bool) and created > 0:
+        return created
+    return None
+
+
+def pack_footer(digest: bytes) -> bytes:
+    """The 40-byte footer: the sha256 of everything before it, then the end magic."""
+    return _FOOTER.pack(digest, END_MAGIC)
+
+
+def unpack_footer(data: bytes) -> tuple[bytes, bytes]:
+    """``(digest, end magic)`` from the footer's 40 bytes; the caller checks the magic.
+
+    :raises struct.error: ``data`` is not 40 bytes long.
+    """
+    digest, end = _FOOTER.unpack(data)
+    return bytes(digest), bytes(end)
+
+
+def snapshot_name(epoch: int, lsn: int) -> str:
+    """File name of a snapshot: hex epoch and hex LSN, so name order is age order."""
+    return f"{epoch:016x}-{lsn:016x}{SNAPSHOT_SUFFIX}"
+
+
+def parse_snapshot_name(path: Path | str) -> tuple[int, int] | None:
+    """``(epoch, lsn)`` from a snapshot file name, or None for any other file."""
+    m = _NAME.match(Path(path).name)
+    return None if m is None else (int(m.group(1), 16), int(m.group(2), 16))
