@@ -57,14 +57,9 @@ def test_checkpoint(benchmark: Any, name: str, keys: int, sizes: Sizes, tmp_path
     written = io_write_bytes([os.getpid()]) - io0
     strategy.close()
     measured = cpus[WARMUP:] or cpus
-    benchmark.extra_info.update(
-        suite="commit",
-        strategy=name,
-        keys=keys,
-        updates=workload.updates,
-        cpu_p50=percentile(measured, 50),
-        bytes_per_checkpoint=written / len(cpus),
-    )
+    info = {"suite": "commit", "strategy": name, "keys": keys, "updates": workload.updates}
+    info["bytes_per_checkpoint"] = written / len(cpus)
+    benchmark.extra_info.update(info, cpu_p50=percentile(measured, 50))
     assert next(counter) == len(cpus) > 0  # every round took exactly one checkpoint
     if name not in ("none", "zstd-interval"):
         assert written >= workload.updates * 50  # durable: about 110 B of msgpack per record

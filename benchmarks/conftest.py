@@ -1,12 +1,9 @@
-"""pytest set-up of the benchmark suites: the size option, collection, and the run's context.
+"""pytest set-up of the benchmark suites: the size option, collection, the run's context.
 
-``--bench-size quick|full|tiny`` (or ``STATELOG_BENCH_SIZE``) picks every size
-of every suite from :data:`SIZES`: ``quick`` finishes in a few minutes on two
-cores, ``full`` adds the 1M-key state (and 10M keys for memory), ``tiny`` only
-checks that the code runs. The command line, the machine (CPU, memory,
-kernel, Python, load average and CPU pressure before and after) and the
-duration go into the ``--benchmark-json`` file under ``"statelog"``, for
-:mod:`benchmarks.render`.
+``--bench-size`` (or ``STATELOG_BENCH_SIZE``) picks every size from :data:`SIZES`:
+``quick`` runs in minutes on two cores, ``full`` adds 1M keys (10M for memory), ``tiny``
+only checks that the code runs. The command, the machine (load average and CPU pressure
+before and after) and the duration go into the ``--benchmark-json`` file, key ``statelog``.
 """
 
 from __future__ import annotations
@@ -151,6 +148,11 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _shown(args: list[str]) -> list[str]:
+    """The command line without where its temporary files went (not part of the result)."""
+    return [a for a in args if not a.startswith("--basetemp")]
+
+
 _START: dict[str, Any] = {}
 
 
@@ -164,7 +166,7 @@ def pytest_benchmark_update_json(
     """Record what the renderer reports besides the timings (module docstring)."""
     mem = _first_line("/proc/meminfo", "MemTotal")
     output_json["statelog"] = {
-        "command": " ".join(["python", "-m", "pytest", *sys.argv[1:]]),
+        "command": " ".join(["python", "-m", "pytest", *_shown(sys.argv[1:])]),
         "started": datetime.fromtimestamp(_START["time"], UTC).isoformat(timespec="seconds"),
         "seconds": time.time() - _START["time"],
         "size": config.getoption("--bench-size"),

@@ -41,6 +41,7 @@ from statelog.storage.snapshots import list_snapshots
 from .strategies import (
     INTERVAL,
     STRATEGIES,
+    JsonSnapshot,
     SourceLog,
     Strategy,
     ZstdInterval,
@@ -302,16 +303,15 @@ def probe_tail(a: argparse.Namespace) -> None:
 
 
 def probe_open(a: argparse.Namespace) -> None:
+    """Time a restart; RssAnon is read while the restored state is still alive."""
     if a.json:
-        from .strategies import JsonSnapshot
-
-        doc, seconds, cpu = _timed(lambda: JsonSnapshot.restore(a.dir))
-        epoch, count, replayed = doc["epoch"], len(doc["state"]), 0
+        restored, seconds, cpu = _timed(lambda: JsonSnapshot.restore(a.dir))
+        epoch, count, replayed = restored["epoch"], len(restored["state"]), 0
     else:
-        store, seconds, cpu = _timed(lambda: statelog.open(a.dir))
-        epoch, count, replayed = store.epoch, store.count(), store.recovery.replayed
-    doc = {"seconds": seconds, "cpu_seconds": cpu, "epoch": epoch, "count": count}
-    _emit({**doc, "replayed_commits": replayed, "rss_anon": rss()["RssAnon"]})
+        restored, seconds, cpu = _timed(lambda: statelog.open(a.dir))
+        epoch, count, replayed = restored.epoch, restored.count(), restored.recovery.replayed
+    out = {"seconds": seconds, "cpu_seconds": cpu, "epoch": epoch, "count": count}
+    _emit({**out, "replayed_commits": replayed, "rss_anon": rss()["RssAnon"]})
 
 
 def probe_memory(a: argparse.Namespace) -> None:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from .conftest import size_id
@@ -30,21 +30,16 @@ KEEP_START, KEEP_END = "<!-- previous-full:start -->", "<!-- previous-full:end -
 TARGETS = (("rocksdb", 3.0), ("sqlite", 30.0), ("json", 300.0))
 """statelog commit must reach this multiple of the other's updates/s (1M keys, 1% dirty)."""
 RECOVERY_GOAL = 20.0
-RESTORES = {
-    "snapshot": "(a) statelog: newest snapshot + log tail",
-    "replay": "(b) statelog: the whole log replayed, no snapshot",
-    "json": "(c) JSON snapshot: read, sha256, json.loads",
-}
+RESTORES = {"snapshot": "(a) statelog: newest snapshot + log tail"}
+RESTORES["replay"] = "(b) statelog: the whole log replayed, no snapshot"
+RESTORES["json"] = "(c) JSON snapshot: read, sha256, json.loads"
 
 Doc = dict[str, Any]
 
 
 def _suite(doc: Doc, name: str) -> list[Doc]:
-    return [
-        {**b["extra_info"], "stats": b["stats"]}
-        for b in doc["benchmarks"]
-        if b["extra_info"].get("suite") == name
-    ]
+    runs = [{**b["extra_info"], "stats": b["stats"]} for b in doc["benchmarks"]]
+    return [r for r in runs if r.get("suite") == name]
 
 
 def ms(seconds: float) -> str:
@@ -103,10 +98,6 @@ def _at(cell: Doc | None, fraction: float = 0.01) -> Doc | None:
     return next((phase_stats(p) for p in phases if p["fraction"] == fraction), None)
 
 
-def _median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def targets_section(doc: Doc) -> list[str]:
     cells = _cells(doc)
     keys = max((k for k, _ in cells), default=0)
@@ -126,8 +117,8 @@ def targets_section(doc: Doc) -> list[str]:
     runs = {r["kind"]: r for r in _suite(doc, "restart")}
     if "snapshot" in runs and "replay" in runs:
         a, b = runs["snapshot"], runs["replay"]
-        sa, sb = _median(a["seconds"]), _median(b["seconds"])
-        wall, cpu = ratio(sb, sa), ratio(_median(b["cpu_seconds"]), _median(a["cpu_seconds"]))
+        sa, sb = median(a["seconds"]), median(b["seconds"])
+        wall, cpu = ratio(sb, sa), ratio(median(b["cpu_seconds"]), median(a["cpu_seconds"]))
         at = "" if a["keys"] >= 1_000_000 else f" at {size_id(a['keys'])} keys"
         rows.append(
             f"restart vs full replay | >= {RECOVERY_GOAL:g}x faster than replaying the whole log "
@@ -162,9 +153,8 @@ def tradeoff_section(doc: Doc) -> list[str]:
         s, rec = _at(c), c["recovery"]
         if k == keys and s is not None:
             label, guarantee = DESCRIPTIONS.get(name, (name, "-"))
-            what = (
-                f"{rec['replayed']:,} updates replayed" if rec["replayed"] else "nothing replayed"
-            )
+            n = rec["replayed"]
+            what = f"{n:,} updates replayed" if n else "nothing replayed"
             rows.append(
                 f"{label} | {rec['seconds']:.3f} s, {what} | {ms(s['p50'])} / {ms(s['p99'])} ms, "
                 f"{rate(s['rate'])} | {size(s['bytes'])} | {guarantee} "
@@ -226,10 +216,10 @@ def commit_section(doc: Doc) -> list[str]:
     sizes = sorted(base)
     if len(sizes) > 1:
         lo, hi = base[sizes[0]], base[sizes[-1]]
-        out += [
+        out.append(
             f"statelog's p50 goes from {ms(lo)} ms at {size_id(sizes[0])} keys to {ms(hi)} ms "
-            f"at {size_id(sizes[-1])} keys ({ratio(hi, lo):.2f}x).",
-        ]
+            f"at {size_id(sizes[-1])} keys ({ratio(hi, lo):.2f}x)."
+        )
     return out
 
 
@@ -238,13 +228,14 @@ def restart_section(doc: Doc) -> list[str]:
     if not runs:
         return []
     r0 = next(iter(runs.values()))
-    a = _median(runs["snapshot"]["seconds"]) if "snapshot" in runs else float("nan")
+    a = median(runs["snapshot"]["seconds"]) if "snapshot" in runs else float("nan")
     rows = [
-        f"{RESTORES[kind]} | {_median(r['seconds']):.3f} | {min(r['seconds']):.3f}-"
-        f"{max(r['seconds']):.3f} | {_median(r['cpu_seconds']):.3f} | "
-        f"{ratio(_median(r['seconds']), a):.1f}x | {size(r['rss_anon'])} | {r['replayed_commits']}"
+        f"{RESTORES[kind]} | {median(r['seconds']):.3f} | {min(r['seconds']):.3f}-"
+        f"{max(r['seconds']):.3f} | {median(r['cpu_seconds']):.3f} | "
+        f"{ratio(median(r['seconds']), a):.1f}x | {size(r['rss_anon'])} | {r['replayed_commits']}"
         for kind, r in runs.items()
     ]
+    head = "restore | median s | range s | CPU s | vs (a) | RssAnon after | commits replayed"
     return [
         "## Restart after SIGKILL",
         f"State: {r0['keys']:,} keys in one snapshot after {r0['history_updates']:,} updates of "
@@ -253,11 +244,7 @@ def restart_section(doc: Doc) -> list[str]:
         f"{size(r0['tail_bytes'])} ({ratio(r0['log_bytes'], r0['tail_bytes']):.1f}x), the JSON "
         f"snapshot {size(r0['json_bytes'])}. Each restore ran {len(r0['seconds'])} time(s), each "
         "in a fresh interpreter, with the files in the page cache.",
-        table(
-            "restore | median s | range s | CPU s | vs (a) | RssAnon after | commits replayed",
-            rows,
-            "lrrrrrr",
-        ),
+        table(head, rows, "lrrrrrr"),
     ]
 
 
@@ -283,10 +270,7 @@ def compaction_section(doc: Doc) -> list[str]:
     if rows:
         head = "condition | commits | p50 ms | p99 ms | max ms | thread CPU p50 ms | "
         head += "snapshots written meanwhile | daemon exit status | ERROR lines"
-        out += [
-            "### Commit latency with the compaction daemon",
-            table(head, rows, "l" + "r" * 8),
-        ]
+        out += ["### Commit latency with the compaction daemon", table(head, rows, "l" + "r" * 8)]
     if len(by) == 2:
         w, wo = (percentile(by[d]["walls"], 99) for d in (True, False))
         out += [f"p99 with the daemon / p99 without: {ratio(w, wo):.2f}x."]
@@ -360,14 +344,7 @@ def machine_section(run: Doc) -> list[str]:
         f"load average (1, 5, 15 min) | {la[0]} at the start, {la[1]} at the end",
         f"CPU pressure, some avg60 / avg300 | {pressure(b)} at the start, {pressure(a)} at the end",
     ]
-    load = max(b["loadavg"][0], a["loadavg"][0])
-    out = ["## Machine", table(" | ", rows, "ll")]
-    out.append(
-        f"The 1-minute load average was at most {load:.2f} of the two readings, on "
-        f"{run['usable_cores']} usable cores"
-        + (f" ({load / run['usable_cores']:.1f} runnable tasks per core)." if load else ".")
-    )
-    return out
+    return ["## Machine", table(" | ", rows, "ll")]
 
 
 def render(doc: Doc, out_dir: Path, kept: str = "") -> str:
