@@ -321,8 +321,8 @@ def remote_section(doc: Doc) -> list[str]:
         return []
     return [
         "## Remote tier: shipping lag, restore, bytes per checkpoint",
-        "Against moto's S3 server on loopback (objects in memory on the same host: no real "
-        "network, so these times are a floor for a real object store).",
+        "Against moto's S3 server on loopback, which holds the objects in its memory on the "
+        "same host: no network lies between the store and the objects.",
         table("measure | value", rows, "lr"),
     ]
 
