@@ -34,11 +34,16 @@ unit: $(STAMP)
 stress: $(STAMP)
 	$(PY) -m pytest -q -m stress tests
 
+# The suites write pytest-benchmark's JSON; one renderer turns it into docs/benchmarks.md.
+BENCH_PYTEST = $(PY) -m pytest benchmarks/ -p no:cacheprovider -o addopts= -q
+
 bench: $(STAMP)
-	$(PY) benchmarks/run.py --full
+	$(BENCH_PYTEST) --bench-size full --benchmark-json=.benchmarks/full.json
+	$(PY) -m benchmarks.render .benchmarks/full.json --out docs/benchmarks.md
 
 bench-quick: $(STAMP)
-	$(PY) benchmarks/run.py --quick
+	$(BENCH_PYTEST) --bench-size quick --benchmark-json=.benchmarks/quick.json
+	$(PY) -m benchmarks.render .benchmarks/quick.json --out docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks

@@ -1,6 +1,5 @@
-"""Benchmarks: statelog against snapshot strategies on one seeded reconciler workload.
+"""Benchmarks: statelog against the durability strategies a reconciler could pick.
 
-``python benchmarks/run.py --quick|--full`` runs every strategy side by side
-and rewrites ``docs/benchmarks.md``; ``bench_commit.py`` holds the same
-measurements as pytest-benchmark tests.
+``make bench-quick`` (or ``make bench``) runs the pytest-benchmark suites ``bench_*.py``
+with ``--benchmark-json`` and renders ``docs/benchmarks.md`` with ``benchmarks.render``.
 """

@@ -1,13 +1,11 @@
-"""Durability strategies, each able to load a state and take durable checkpoints.
+"""The durability strategies a reconciler could pick: load, durable checkpoints, recovery.
 
-Every strategy times its own checkpoint, because each knows which part is
-the durable checkpoint and which part is bookkeeping: statelog times
-``store.commit`` (the whole commit path: validate, encode, frame, append,
-fdatasync, apply); the JSON snapshot times the in-memory apply plus the full
-snapshot, and reports the snapshot on its own too.
-
-Add a strategy by writing a class with ``load``/``checkpoint``/``close`` and
-registering a factory in :data:`STRATEGIES`.
+A checkpoint (:class:`~benchmarks.workload.Checkpoint`) is durable when
+:meth:`Strategy.checkpoint` returns (``statelog-group``: when :meth:`Strategy.finish`
+returns); :meth:`Strategy.recover` finds it again in a fresh process after a SIGKILL.
+``zstd-interval`` and ``none`` rebuild the state from :class:`SourceLog`, standing for
+the broker's retained topic. The key-value stores keep msgpack values and, under
+:data:`META`, offsets and watermark in the same transaction. RocksDB needs rocksdict.
 """
 
 from __future__ import annotations
@@ -16,59 +14,36 @@ import contextlib
 import hashlib
 import json
 import os
-import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+import sqlite3
+import struct
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
+
+import lmdb
+import msgspec
+import zstandard
 
 import statelog
 
 from .workload import Checkpoint, Value
 
-__all__ = [
-    "STRATEGIES",
-    "JsonSnapshotStrategy",
-    "Sample",
-    "StatelogStrategy",
-    "Strategy",
-    "commit_checkpoint",
-    "make_strategy",
-]
+try:
+    import rocksdict
+except ImportError:  # an optional extra: the comparison runs without it
+    rocksdict = None  # type: ignore[assignment]
 
+__all__ = ["DESCRIPTIONS", "INTERVAL", "SKIPPED", "STRATEGIES", "JsonSnapshot", "SourceLog"]
+__all__ += ["Strategy", "ZstdInterval", "commit_checkpoint"]
 
-@dataclass(frozen=True)
-class Sample:
-    """One checkpoint as measured by its strategy.
+INTERVAL = 10  # checkpoints between two full snapshots of zstd-interval
+META = b"\x00meta"  # the key-value stores' key of offsets, watermark and epoch (sorts first)
 
-    :param seconds: wall time of the durable checkpoint (returns durable).
-    :param cpu_seconds: CPU time of this process over the same span.
-    :param bytes_written: bytes the checkpoint added or rewrote on disk (file
-        contents, not file-system metadata or journal).
-    :param parts: wall time of named steps inside the checkpoint.
-    """
-
-    seconds: float
-    cpu_seconds: float
-    bytes_written: int
-    parts: Mapping[str, float] = field(default_factory=dict)
-
-
-class Strategy(Protocol):
-    """A way to make a reconciler's state durable at each checkpoint."""
-
-    name: ClassVar[str]
-    description: ClassVar[str]
-
-    def load(self, chunks: Iterable[dict[str, Value]]) -> None:
-        """Install the starting state (not timed as a checkpoint)."""
-
-    def checkpoint(self, cp: Checkpoint) -> Sample:
-        """Apply ``cp`` and make it durable before returning; measure it."""
-        ...
-
-    def close(self) -> None:
-        """Release files and locks."""
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder()
+_LEN = struct.Struct("<I")
 
 
 def commit_checkpoint(store: statelog.StateStore, cp: Checkpoint) -> int:
@@ -78,184 +53,448 @@ def commit_checkpoint(store: statelog.StateStore, cp: Checkpoint) -> int:
     )
 
 
-class StatelogStrategy:
-    """statelog: one WAL record per checkpoint, fdatasync before ``commit`` returns."""
+def _write_atomic(final: Path, chunks: Iterable[bytes], written: list[Path]) -> None:
+    """Temp file, fsync, rename over ``final``, fsync of the directory; keep the newest two."""
+    tmp = final.with_name(final.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.writelines(chunks)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.rename(tmp, final)
+    fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(fd)
+    os.close(fd)
+    if final not in written:
+        written.append(final)
+    while len(written) > 2:  # a predecessor survives a damaged newest snapshot
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(written.pop(0))
 
-    name: ClassVar[str] = "statelog"
-    description: ClassVar[str] = (
-        'statelog `durability="commit"`: one checksummed WAL record per checkpoint, '
-        "fdatasync before `commit` returns, then applied to the in-memory overlay"
-    )
 
-    def __init__(self, directory: Path, *, durability: statelog.Durability = "commit") -> None:
-        self.path = directory / "store"
-        self.store = statelog.open(self.path, durability=durability)
-        self._wal = self.path / "wal"
-        self._on_disk = self._wal_bytes()
+def _meta(cp: Checkpoint | None, epoch: int) -> bytes:
+    offsets, wm = (cp.offsets, cp.low_watermark_ms) if cp is not None else ({}, 0)
+    return _enc.encode({"offsets": offsets, "wm": wm, "epoch": epoch})
 
-    def _wal_bytes(self) -> int:
-        with os.scandir(self._wal) as it:
-            return sum(e.stat().st_size for e in it if e.name.endswith(".wal"))
+
+class SourceLog:
+    """The replayable source: one record per load chunk or checkpoint (offsets, watermark, puts)."""
+
+    def __init__(self, path: Path) -> None:
+        self._fh = open(path, "ab")  # noqa: SIM115 (a killed writer never closes it)
+        self.pos = 0  # after the last record appended: the consumer offset
+
+    def append(self, offsets: dict[str, int], wm: int, put: dict[str, Value]) -> int:
+        """Append one record; returns the position after it (the consumer offset)."""
+        body = _enc.encode([offsets, wm, put])
+        self._fh.write(_LEN.pack(len(body)) + body)
+        self._fh.flush()
+        self.pos = self._fh.tell()
+        return self.pos
+
+    @staticmethod
+    def read(path: Path, start: int = 0) -> Iterator[tuple[dict[str, int], int, dict[str, Any]]]:
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            data = fh.read()
+        pos = 0
+        while pos + 4 <= len(data):
+            (n,) = _LEN.unpack_from(data, pos)
+            if pos + 4 + n > len(data):
+                break  # a record the killed process had not finished writing
+            offsets, wm, put = _dec.decode(memoryview(data)[pos + 4 : pos + 4 + n])
+            yield offsets, wm, put
+            pos += 4 + n
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """What a recovery found. ``count`` is called after the timed span (some stores scan);
+    ``replayed`` counts the state updates re-applied from a log or the source."""
+
+    offsets: dict[str, int]
+    low_watermark_ms: int
+    count: Callable[[], int]
+    replayed: int
+    detail: str = ""
+
+
+class Strategy:
+    """Base of the strategies; ``label`` and ``guarantee`` are the report's row and promise."""
+
+    name: ClassVar[str]
+    label: ClassVar[str]
+    guarantee: ClassVar[str]
+    uses_source: ClassVar[bool] = False
+
+    def __init__(self, directory: Path, *, compactor: bool = False) -> None:
+        """Own the empty ``directory``; ``compactor``: statelog runs its compactor process."""
+        self.dir = directory
+        self.epoch = 0
 
     def load(self, chunks: Iterable[dict[str, Value]]) -> None:
-        for chunk in chunks:
-            self.store.commit(offsets={}, low_watermark_ms=0, put=chunk)
-        self._on_disk = self._wal_bytes()
+        """Install the starting state (set-up, not a checkpoint)."""
+        raise NotImplementedError
 
-    def checkpoint(self, cp: Checkpoint) -> Sample:
-        store = self.store
-        c0 = time.process_time()
-        t0 = time.perf_counter()
-        commit_checkpoint(store, cp)
-        t1 = time.perf_counter()
-        c1 = time.process_time()
-        before, self._on_disk = self._on_disk, self._wal_bytes()
-        return Sample(t1 - t0, c1 - c0, self._on_disk - before)
+    def loaded(self, source_pos: int) -> None:
+        """Called once after :meth:`load`, with the source position the load reached."""
+
+    def checkpoint(self, cp: Checkpoint, source_pos: int = 0) -> None:
+        """Apply ``cp`` and make it durable before returning (group commit: see the module)."""
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Make every checkpoint taken so far durable, and recoverable by :meth:`recover`."""
 
     def close(self) -> None:
-        self.store.close()
+        """Release files and locks (not called before a SIGKILL)."""
+
+    @classmethod
+    def recover(cls, directory: Path) -> Recovered:
+        """Recover what was made durable in ``directory``, as a fresh process would.
+
+        :raises RuntimeError: nothing recoverable was found.
+        """
+        raise NotImplementedError
 
 
-class JsonSnapshotStrategy:
-    """The seed's strategy: the whole state as sorted JSON, hashed, written atomically.
+class _InMemory(Strategy):
+    """State in a dict; ``epoch`` counts the checkpoints applied."""
 
-    Each checkpoint applies the updates to a dict, then writes a full
-    snapshot: serialise with sorted keys, sha256 of the body (so a reader can
-    verify it), write a temp file, fsync, rename over the final name, fsync
-    the directory. The newest ``keep`` snapshots are kept, so a damaged newest
-    one has a predecessor. The body is serialised once (a lower bound for a
-    strategy that serialises once to hash and again to write).
-    """
-
-    name: ClassVar[str] = "json"
-    description: ClassVar[str] = (
-        "seed-style full snapshot: sorted compact JSON of the whole state, sha256, "
-        "temp file, fsync, atomic rename, fsync of the directory; keeps 2"
-    )
-
-    def __init__(self, directory: Path, *, keep: int = 2) -> None:
-        self.dir = directory / "snapshots"
-        self.dir.mkdir(parents=True)
-        self.keep = keep
+    def __init__(self, directory: Path, *, compactor: bool = False) -> None:
+        super().__init__(directory)
         self.state: dict[str, Value] = {}
         self.offsets: dict[str, int] = {}
         self.low_watermark_ms = 0
-        self.epoch = 0
+        self.snaps = directory / "snapshots"
         self._written: list[Path] = []
 
     def load(self, chunks: Iterable[dict[str, Value]]) -> None:
         for chunk in chunks:
             self.state.update(chunk)
 
-    def checkpoint(self, cp: Checkpoint) -> Sample:
-        c0 = time.process_time()
-        t0 = time.perf_counter()
-        self.apply(cp)
-        t1 = time.perf_counter()
-        size, parts = self.snapshot()
-        t2 = time.perf_counter()
-        c1 = time.process_time()
-        return Sample(t2 - t0, c1 - c0, size, {"apply": t1 - t0, "snapshot": t2 - t1, **parts})
-
     def apply(self, cp: Checkpoint) -> None:
-        """Apply ``cp`` to the in-memory state only (no snapshot); the epoch advances."""
-        state = self.state
-        state.update(cp.put)
+        """Apply ``cp`` to the in-memory state only; the epoch advances."""
+        self.state.update(cp.put)
         for k in cp.delete:
-            state.pop(k, None)
+            self.state.pop(k, None)
         self.offsets.update(cp.offsets)
         self.low_watermark_ms = cp.low_watermark_ms
         self.epoch += 1
 
-    def snapshot(self) -> tuple[int, dict[str, float]]:
-        """Write the full snapshot of the current epoch; returns its size and step times."""
-        t0 = time.perf_counter()
-        doc: dict[str, Any] = {
-            "epoch": self.epoch,
-            "offsets": self.offsets,
-            "low_watermark_ms": self.low_watermark_ms,
-            "state": self.state,
-        }
+    def checkpoint(self, cp: Checkpoint, source_pos: int = 0) -> None:
+        self.apply(cp)
+
+
+class JsonSnapshot(_InMemory):
+    """The whole state as sorted compact JSON with its sha256, written atomically."""
+
+    name = "json"
+    label = "(1) JSON full snapshot every checkpoint, atomic rename"
+    guarantee = "every acknowledged checkpoint, on one host; state, offsets and watermark together"
+    _PREFIX, _MIDDLE = b'{"sha256":"', b'","checkpoint":'
+
+    def checkpoint(self, cp: Checkpoint, source_pos: int = 0) -> None:
+        self.apply(cp)
+        self.snapshot()
+
+    def snapshot(self) -> Path:
+        """Write the full snapshot of the current epoch (serialised once: a lower bound)."""
+        self.snaps.mkdir(parents=True, exist_ok=True)
+        doc = {"epoch": self.epoch, "offsets": self.offsets, "state": self.state}
+        doc["low_watermark_ms"] = self.low_watermark_ms
         body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-        t1 = time.perf_counter()
-        head = b'{"sha256":"' + hashlib.sha256(body).hexdigest().encode() + b'","checkpoint":'
-        t2 = time.perf_counter()
-        final = self.dir / f"snapshot-{self.epoch:012d}.json"
-        tmp = final.with_name(final.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            for chunk in (head, body, b"}"):
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, final)
-        _fsync_dir(self.dir)
-        if not self._written or self._written[-1] != final:
-            self._written.append(final)
-        while len(self._written) > self.keep:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._written.pop(0))
-        t3 = time.perf_counter()
-        size = len(head) + len(body) + 1
-        return size, {"serialize": t1 - t0, "hash": t2 - t1, "write+fsync+rename": t3 - t2}
+        head = self._PREFIX + hashlib.sha256(body).hexdigest().encode() + self._MIDDLE
+        final = self.snaps / f"snapshot-{self.epoch:012d}.json"
+        _write_atomic(final, (head, body, b"}"), self._written)
+        return final
 
-    def newest(self) -> Path | None:
-        """The newest snapshot file written, if any."""
-        return self._written[-1] if self._written else None
+    @classmethod
+    def restore(cls, path: Path) -> dict[str, Any]:
+        """Read a snapshot, verify its sha256, parse it.
 
-    @staticmethod
-    def restore(path: Path) -> tuple[dict[str, Any], dict[str, float]]:
-        """Read a snapshot this strategy wrote, verify its sha256, parse it: the seed's restore.
-
-        Returns the checkpoint document (``epoch``, ``offsets``,
-        ``low_watermark_ms``, ``state``) and the wall time of each step.
-
-        :raises ValueError: not such a snapshot, or the hash does not match.
+        :raises ValueError: not such a snapshot, truncated, or the hash does not match.
         """
-        t0 = time.perf_counter()
-        with open(path, "rb") as fh:
-            data = fh.read()
-        t1 = time.perf_counter()
-        prefix, middle = b'{"sha256":"', b'","checkpoint":'
-        start = len(prefix) + 64 + len(middle)
-        if not data.startswith(prefix) or data[start - len(middle) : start] != middle:
-            raise ValueError(f"{path}: not a JSON snapshot of this strategy")
-        if not data.endswith(b"}"):
-            raise ValueError(f"{path}: truncated")
+        data = path.read_bytes()
+        start = len(cls._PREFIX) + 64 + len(cls._MIDDLE)
+        if not data.startswith(cls._PREFIX) or not data.endswith(b"}"):
+            raise ValueError(f"{path}: not a whole JSON snapshot of this strategy")
         body = memoryview(data)[start:-1]
-        digest = hashlib.sha256(body).hexdigest().encode()
-        if digest != data[len(prefix) : len(prefix) + 64]:
+        if (
+            hashlib.sha256(body).hexdigest().encode()
+            != data[len(cls._PREFIX) : start - len(cls._MIDDLE)]
+        ):
             raise ValueError(f"{path}: sha256 mismatch")
-        t2 = time.perf_counter()
         doc: dict[str, Any] = json.loads(body.tobytes())
-        t3 = time.perf_counter()
-        return doc, {"read": t1 - t0, "verify sha256": t2 - t1, "json.loads": t3 - t2}
+        return doc
+
+    @classmethod
+    def recover(cls, directory: Path) -> Recovered:
+        for snap in sorted((directory / "snapshots").glob("snapshot-*.json"), reverse=True):
+            with contextlib.suppress(ValueError):
+                doc = cls.restore(snap)
+                n = len(doc["state"])
+                return Recovered(doc["offsets"], doc["low_watermark_ms"], n.__int__, 0)
+        raise RuntimeError(f"no JSON snapshot in {directory} verifies")
+
+
+def _replay(state: dict[str, Any], path: Path, start: int = 0) -> tuple[dict[str, int], int, int]:
+    """Apply source records from ``start``; the last offsets and watermark seen, and the updates."""
+    offsets: dict[str, int] = {}
+    wm = n = 0
+    for rec_offsets, rec_wm, put in SourceLog.read(path, start):
+        state.update(put)
+        n += len(put)
+        if rec_offsets:
+            offsets, wm = rec_offsets, rec_wm
+    return offsets, wm, n
+
+
+class NoCheckpoint(_InMemory):
+    """Nothing durable: recovery re-reads the source from its start."""
+
+    name = "none"
+    label = "(4) no checkpoint: replay the source from the start"
+    guarantee = "none of its own: correct only if the source retains everything since the start"
+    uses_source = True
+
+    @classmethod
+    def recover(cls, directory: Path) -> Recovered:
+        state: dict[str, Any] = {}
+        offsets, wm, n = _replay(state, directory / "source.log")
+        return Recovered(offsets, wm, lambda: len(state), n)
+
+
+class ZstdInterval(_InMemory):
+    """A full msgpack+zstd snapshot every INTERVAL checkpoints, with its source position."""
+
+    name = "zstd-interval"
+    label = f"(2) zstd full snapshot every {INTERVAL} checkpoints + source replay"
+    guarantee = (
+        "state as of the last snapshot; the rest is re-derived, so only if the source "
+        "still holds every event since it and processing is deterministic"
+    )
+    uses_source = True
+
+    def _snapshot(self, cp: Checkpoint | None, source_pos: int) -> None:
+        self.snaps.mkdir(parents=True, exist_ok=True)
+        doc = {"pos": source_pos, "meta": _meta(cp, self.epoch), "state": self.state}
+        body = zstandard.ZstdCompressor(level=3).compress(_enc.encode(doc))
+        _write_atomic(self.snaps / f"snap-{self.epoch:012d}.zst", (body,), self._written)
+
+    def loaded(self, source_pos: int) -> None:
+        self._snapshot(None, source_pos)  # recovery need not re-read the load from the source
+
+    def checkpoint(self, cp: Checkpoint, source_pos: int = 0) -> None:
+        self.apply(cp)
+        if self.epoch % INTERVAL == 0:
+            self._snapshot(cp, source_pos)
+
+    @classmethod
+    def recover(cls, directory: Path) -> Recovered:
+        newest = sorted((directory / "snapshots").glob("snap-*.zst"))[-1]
+        doc = _dec.decode(zstandard.ZstdDecompressor().decompress(newest.read_bytes()))
+        state: dict[str, Any] = doc["state"]
+        offsets, wm, n = _replay(state, directory / "source.log", doc["pos"])
+        if not offsets:
+            meta = _dec.decode(doc["meta"])
+            offsets, wm = meta["offsets"], meta["wm"]
+        return Recovered(offsets, wm, lambda: len(state), n)
+
+
+_SMALL: dict[str, Any] = {"segment_bytes": 8 << 20, "min_tail_bytes": 8 << 20}
+_SMALL["compactor_interval"] = timedelta(seconds=1)  # the state here would not fill 64 MiB
+
+
+class Statelog(Strategy):
+    """statelog ``durability="commit"``: one checksummed record per checkpoint, fdatasync'd."""
+
+    name = "statelog"
+    label = '(3) statelog `durability="commit"` + compactor'
+    guarantee = "every acknowledged commit (fsync before return); prefix-exact, verified"
+    durability: ClassVar[statelog.Durability] = "commit"
+
+    def __init__(self, directory: Path, *, compactor: bool = False) -> None:
+        super().__init__(directory)
+        mode = "process" if compactor else "none"
+        self.store = statelog.open(
+            directory / "store", durability=self.durability, compactor=mode, **_SMALL
+        )
+        self.schedule: list[int] = []  # updates per epoch: recovery counts what it replayed
+
+    def load(self, chunks: Iterable[dict[str, Value]]) -> None:
+        for chunk in chunks:
+            self.store.commit(offsets={}, low_watermark_ms=0, put=chunk)
+            self.schedule.append(len(chunk))
+
+    def checkpoint(self, cp: Checkpoint, source_pos: int = 0) -> None:
+        commit_checkpoint(self.store, cp)
+        self.schedule.append(cp.updates)
+
+    def finish(self) -> None:
+        self.store.flush()
+        (self.dir / "schedule.json").write_text(json.dumps(self.schedule))
 
     def close(self) -> None:
-        self.state = {}
+        self.store.close()
+
+    @classmethod
+    def recover(cls, directory: Path) -> Recovered:
+        store = statelog.open(directory / "store")
+        rec, epoch = store.recovery, store.epoch
+        schedule = json.loads((directory / "schedule.json").read_text())
+        replayed = sum(schedule[epoch - rec.replayed : epoch])
+        snap = rec.snapshot.name if rec.snapshot else "-"
+        detail = f"snapshot {snap}, {rec.replayed} commits"
+        return Recovered(dict(store.offsets), store.low_watermark_ms, store.count, replayed, detail)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+class StatelogGroup(Statelog):
+    """statelog ``durability="group"``: ``commit`` returns before the fsync; flushed at the end."""
+
+    name = "statelog-group"
+    label = '(3) statelog `durability="group"` + compactor'
+    guarantee = "every commit that `wait_durable` confirmed (a few ms after return); prefix-exact"
+    durability = "group"
 
 
-STRATEGIES: dict[str, Callable[[Path], Strategy]] = {
-    JsonSnapshotStrategy.name: JsonSnapshotStrategy,
-    StatelogStrategy.name: StatelogStrategy,
-}
-"""Strategy name -> factory taking an empty directory it may own."""
+class _KeyValue(Strategy):
+    """One synced transaction of the store per checkpoint: the state and META together."""
+
+    handle: Any
+
+    def _write(self, put: dict[str, Value], cp: Checkpoint | None) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.handle.close()
+
+    def load(self, chunks: Iterable[dict[str, Value]]) -> None:
+        for chunk in chunks:
+            self._write(chunk, None)
+
+    def checkpoint(self, cp: Checkpoint, source_pos: int = 0) -> None:
+        self.epoch += 1
+        self._write(cp.put, cp)
+
+    @classmethod
+    def _open_meta(cls, directory: Path) -> tuple[bytes, Callable[[], int]]:
+        raise NotImplementedError
+
+    @classmethod
+    def recover(cls, directory: Path) -> Recovered:
+        meta, count = cls._open_meta(directory)
+        m = _dec.decode(meta)
+        return Recovered(m["offsets"], m["wm"], count, 0)
 
 
-def make_strategy(name: str, directory: Path) -> Strategy:
-    try:
-        factory = STRATEGIES[name]
-    except KeyError:
-        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}") from None
-    return factory(directory)
+class Sqlite(_KeyValue):
+    """SQLite in WAL mode with ``synchronous=FULL``: one transaction per checkpoint."""
+
+    name = "sqlite"
+    label = "(5) SQLite WAL, `synchronous=FULL`"
+    guarantee = "every committed transaction (WAL fsync at commit)"
+
+    def __init__(self, directory: Path, *, compactor: bool = False) -> None:
+        super().__init__(directory)
+        self.handle = self.db = self._connect(directory)
+        self.db.execute("CREATE TABLE kv (k TEXT PRIMARY KEY, v BLOB NOT NULL)")
+        self.db.execute("CREATE TABLE meta (id INTEGER PRIMARY KEY, doc BLOB NOT NULL)")
+
+    @staticmethod
+    def _connect(directory: Path) -> sqlite3.Connection:
+        db = sqlite3.connect(directory / "state.db", isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        return db
+
+    def _write(self, put: dict[str, Value], cp: Checkpoint | None) -> None:
+        db = self.db
+        db.execute("BEGIN")
+        db.executemany(
+            "INSERT INTO kv (k, v) VALUES (?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v",
+            [(k, _enc.encode(v)) for k, v in put.items()],
+        )
+        db.executemany("DELETE FROM kv WHERE k = ?", [(k,) for k in (cp.delete if cp else ())])
+        db.execute("INSERT OR REPLACE INTO meta (id, doc) VALUES (0, ?)", (_meta(cp, self.epoch),))
+        db.execute("COMMIT")
+
+    @classmethod
+    def _open_meta(cls, directory: Path) -> tuple[bytes, Callable[[], int]]:
+        db = cls._connect(directory)
+        meta: bytes = db.execute("SELECT doc FROM meta WHERE id = 0").fetchone()[0]
+        return meta, lambda: int(db.execute("SELECT count(*) FROM kv").fetchone()[0])
+
+
+class Lmdb(_KeyValue):
+    """LMDB, one write transaction per checkpoint, synced at commit (``sync=True``)."""
+
+    name = "lmdb"
+    label = "(5) LMDB, synced commit per checkpoint"
+    guarantee = "every committed transaction (meta page fsync at commit)"
+
+    def __init__(self, directory: Path, *, compactor: bool = False) -> None:
+        super().__init__(directory)
+        self.handle = self.env = lmdb.open(str(directory / "lmdb"), map_size=64 << 30, sync=True)
+
+    def _write(self, put: dict[str, Value], cp: Checkpoint | None) -> None:
+        # Sorted keys: LMDB's cheapest insertion order, which a careful user would pick.
+        items = sorted((k.encode(), _enc.encode(v)) for k, v in put.items())
+        with self.env.begin(write=True) as txn:
+            txn.cursor().putmulti(items)
+            for k in cp.delete if cp is not None else ():
+                txn.delete(k.encode())
+            txn.put(META, _meta(cp, self.epoch))
+
+    @classmethod
+    def _open_meta(cls, directory: Path) -> tuple[bytes, Callable[[], int]]:
+        env = lmdb.open(str(directory / "lmdb"), map_size=64 << 30)
+        with env.begin() as txn:
+            meta = txn.get(META)
+        if meta is None:
+            raise RuntimeError(f"LMDB in {directory} holds no checkpoint")
+        return meta, lambda: int(env.stat()["entries"]) - 1
+
+
+class Rocks(_KeyValue):
+    """RocksDB through rocksdict: one WriteBatch per checkpoint, written with ``sync``."""
+
+    name = "rocksdb"
+    label = "(5) RocksDB (rocksdict), synced WriteBatch"
+    guarantee = "every synced batch (WAL fsync at write)"
+
+    def __init__(self, directory: Path, *, compactor: bool = False) -> None:
+        super().__init__(directory)
+        self.handle = self.db = self._open(directory)
+        self._sync = rocksdict.WriteOptions()
+        self._sync.sync = True
+
+    @staticmethod
+    def _open(directory: Path) -> Any:
+        opts = rocksdict.Options(raw_mode=True)
+        opts.create_if_missing(True)
+        return rocksdict.Rdict(str(directory / "rocksdb"), opts)
+
+    def _write(self, put: dict[str, Value], cp: Checkpoint | None) -> None:
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        for k, v in put.items():
+            wb.put(k.encode(), _enc.encode(v))
+        for k in cp.delete if cp is not None else ():
+            wb.delete(k.encode())
+        wb.put(META, _meta(cp, self.epoch))
+        self.db.write(wb, self._sync)
+
+    @classmethod
+    def _open_meta(cls, directory: Path) -> tuple[bytes, Callable[[], int]]:
+        db = cls._open(directory)
+        return db[META], lambda: sum(1 for _ in db.keys()) - 1  # noqa: SIM118 (a scan)
+
+
+_ALL = (JsonSnapshot, ZstdInterval, Statelog, StatelogGroup, NoCheckpoint, Sqlite, Lmdb, Rocks)
+SKIPPED: dict[str, str] = (
+    {} if rocksdict is not None else {"rocksdb": "rocksdict is not installed (dev extra)"}
+)
+"""Strategies left out of this run, and why."""
+DESCRIPTIONS = {s.name: (s.label, s.guarantee) for s in _ALL}
+"""Strategy name -> (row label, consistency guarantee), installed or not."""
+STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in _ALL if s.name not in SKIPPED}
+"""Strategy name -> class, in the order of the report."""

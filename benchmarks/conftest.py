@@ -1,0 +1,183 @@
+"""pytest set-up of the benchmark suites: the size option, collection, the run's context.
+
+``--bench-size`` (or ``STATELOG_BENCH_SIZE``) picks every size from :data:`SIZES`:
+``quick`` runs in minutes on two cores, ``full`` adds 1M keys (10M for memory), ``tiny``
+only checks that the code runs. The command, the machine (load average and CPU pressure
+before and after) and the duration go into the ``--benchmark-json`` file, key ``statelog``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+__all__ = ["SIZES", "Sizes", "machine_now", "parametrize_keys", "size_id"]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Every size of one mode. ``*_keys``: state sizes; ``rounds``: timed checkpoints."""
+
+    commit_keys: tuple[int, ...]
+    commit_updates: int
+    rounds: int
+    json_rounds: int
+    tradeoff_keys: tuple[int, ...]
+    fractions: tuple[float, ...]
+    budget: float
+    """Seconds of back-to-back checkpoints per dirty fraction, roughly."""
+    max_checkpoints: int
+    settle: float
+    """Seconds of one 1%-dirty checkpoint every 250 ms before the SIGKILL."""
+    restart_keys: int
+    restart_history: int
+    restart_tail: int
+    repeats: int
+    memory_keys: tuple[int, ...]
+    daemon_keys: int
+    daemon_checkpoints: int
+    remote_keys: int
+    remote_seconds: float
+
+
+# fmt: off
+SIZES = {
+    "tiny": Sizes(
+        commit_keys=(200,), commit_updates=50, rounds=2, json_rounds=2,
+        tradeoff_keys=(1000,), fractions=(0.01,), budget=0.01, max_checkpoints=2, settle=0.1,
+        restart_keys=300, restart_history=100, restart_tail=50, repeats=1, memory_keys=(300,),
+        daemon_keys=300, daemon_checkpoints=3, remote_keys=2000, remote_seconds=1.0,
+    ),
+    "quick": Sizes(
+        commit_keys=(10_000, 100_000), commit_updates=10_000, rounds=20, json_rounds=5,
+        tradeoff_keys=(10_000, 100_000), fractions=(0.001, 0.01, 0.1), budget=0.6,
+        max_checkpoints=20, settle=1.0, restart_keys=100_000, restart_history=500_000,
+        restart_tail=10_000, repeats=3, memory_keys=(100_000,), daemon_keys=100_000,
+        daemon_checkpoints=40, remote_keys=100_000, remote_seconds=5.0,
+    ),
+    "full": Sizes(
+        commit_keys=(10_000, 100_000, 1_000_000), commit_updates=10_000, rounds=50,
+        json_rounds=3, tradeoff_keys=(10_000, 100_000, 1_000_000),
+        fractions=(0.001, 0.01, 0.1), budget=8.0, max_checkpoints=100, settle=15.0,
+        restart_keys=1_000_000, restart_history=5_000_000, restart_tail=100_000, repeats=3,
+        memory_keys=(1_000_000, 10_000_000), daemon_keys=1_000_000, daemon_checkpoints=60,
+        remote_keys=1_000_000, remote_seconds=10.0,
+    ),
+}
+# fmt: on
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--bench-size",
+        choices=sorted(SIZES),
+        default=os.environ.get("STATELOG_BENCH_SIZE", "quick"),
+        help="sizes of every benchmark suite (default: $STATELOG_BENCH_SIZE or quick)",
+    )
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    """Collect ``bench_*.py`` from a directory too (a file named on the command line already is)."""
+    named = file_path.name.startswith("bench_") and file_path.suffix == ".py"
+    if named and not parent.session.isinitpath(file_path):
+        return pytest.Module.from_parent(parent, path=file_path)
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:  # a full-size cell runs for many minutes
+        item.add_marker(pytest.mark.timeout(4 * 3600))
+
+
+def size_id(keys: int) -> str:
+    """``10k``, ``1M``, ``300``: a state size as test ids and the report write it."""
+    for unit, name in ((1_000_000, "M"), (1_000, "k")):
+        if keys >= unit and keys % unit == 0:
+            return f"{keys // unit}{name}"
+    return f"{keys:,}"
+
+
+def parametrize_keys(metafunc: pytest.Metafunc, argname: str, field: str) -> None:
+    """Parametrize ``argname`` (if the test takes it) with the sizes ``field`` of this run."""
+    if argname in metafunc.fixturenames:
+        keys = getattr(SIZES[str(metafunc.config.getoption("--bench-size"))], field)
+        metafunc.parametrize(argname, keys, ids=[size_id(k) for k in keys])
+
+
+@pytest.fixture(scope="session")
+def sizes(request: pytest.FixtureRequest) -> Sizes:
+    return SIZES[str(request.config.getoption("--bench-size"))]
+
+
+def _first_line(path: str, prefix: str) -> str:
+    try:
+        with open(path) as fh:
+            return next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith(prefix)), "")
+    except OSError:
+        return ""
+
+
+def machine_now() -> dict[str, Any]:
+    """Load average and CPU pressure (``some`` avg60/avg300, where the kernel has it), now."""
+    out: dict[str, Any] = {"loadavg": list(os.getloadavg())}
+    try:
+        some = Path("/proc/pressure/cpu").read_text().splitlines()[0].split()
+        fields = dict(f.split("=") for f in some[1:])
+        out["cpu_pressure"] = [float(fields["avg60"]), float(fields["avg300"])]
+    except (OSError, IndexError, KeyError, ValueError):
+        out["cpu_pressure"] = None
+    return out
+
+
+def _versions() -> dict[str, str]:
+    out = {"sqlite": __import__("sqlite3").sqlite_version}
+    for dist in ("statelog", "msgspec", "lmdb", "zstandard", "rocksdict", "pytest-benchmark"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def _shown(args: list[str]) -> list[str]:
+    """The command line without where its temporary files went (not part of the result)."""
+    return [a for a in args if not a.startswith("--basetemp")]
+
+
+_START: dict[str, Any] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _START.update(time=time.time(), **machine_now())
+
+
+def pytest_benchmark_update_json(
+    config: pytest.Config, benchmarks: list[Any], output_json: dict[str, Any]
+) -> None:
+    """Record what the renderer reports besides the timings (module docstring)."""
+    mem = _first_line("/proc/meminfo", "MemTotal")
+    output_json["statelog"] = {
+        "command": " ".join(["python", "-m", "pytest", *_shown(sys.argv[1:])]),
+        "started": datetime.fromtimestamp(_START["time"], UTC).isoformat(timespec="seconds"),
+        "seconds": time.time() - _START["time"],
+        "size": config.getoption("--bench-size"),
+        "sizes": asdict(SIZES[str(config.getoption("--bench-size"))]),
+        "cpu": _first_line("/proc/cpuinfo", "model name") or platform.processor(),
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "memory_bytes": int(mem.split()[0]) * 1024 if mem else 0,
+        "kernel": f"{platform.system()} {platform.release()}",
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "versions": _versions(),
+        "before": {k: _START[k] for k in ("loadavg", "cpu_pressure")},
+        "after": machine_now(),
+    }
