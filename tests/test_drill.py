@@ -85,8 +85,13 @@ def test_drill_passes_on_a_temp_store() -> None:
     r = damaged[0]
     assert r["damaged"] in [x["file"] for x in r["rejected"]]
     assert r["snapshot"] != r["damaged"]
-    # No other rejection than the damaged snapshot, ever.
-    assert {x["file"] for q in rounds for x in q["rejected"]} <= {r["damaged"]}
+    # No other rejection than the damaged snapshot, but for a torn tail: a SIGKILL
+    # that lands inside a multi-page write leaves a short write behind.
+    for q in rounds:
+        for x in q["rejected"]:
+            torn = q["outcome"] == "torn-tail" and x["file"].endswith(".wal")
+            assert x["file"] == r["damaged"] or torn, (q, x)
+    assert all(q["outcome"] in ("clean", "torn-tail") for q in rounds)
     assert not Path(doc["store"]).exists()  # a passed drill removes its temporary store
 
 

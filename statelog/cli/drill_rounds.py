@@ -54,6 +54,7 @@ class RoundResult:
     acked: int = 0
     recovered: int | None = None
     snapshot: str | None = None
+    outcome: str | None = None  # what recovery found at the end of the log (clean, torn-tail)
     rejected: list[dict[str, str]] = dataclasses.field(default_factory=list)  # file, reason
     replayed: int = 0
     seconds: float = 0.0
@@ -260,6 +261,7 @@ class Drill:
             rep: RecoveryReport = store.recovery
             r.recovered, r.replayed, r.seconds = rep.epoch, rep.replayed, round(rep.seconds, 6)
             r.snapshot = rep.snapshot.name if rep.snapshot else None
+            r.outcome = str(rep.outcome)
             r.rejected = [{"file": x.path.name, "reason": x.reason} for x in rep.rejected]
             if rep.epoch < r.acked:
                 r.problems.append(
