@@ -186,6 +186,8 @@ class RemoteClient:
                     f"{op} {key}: access refused: {_first_line(exc)}",
                     hint="check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the bucket policy",
                 ) from exc
+            except RemoteError:
+                raise  # a check of the answer refused it: already typed, never retried
             except Exception as exc:
                 if " 416 " in str(exc):  # a ranged read of an empty object
                     raise RemoteIntegrityError(key, "the object is empty") from exc
