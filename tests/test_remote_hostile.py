@@ -16,6 +16,7 @@
 | signed bucket, an object altered and the         | RemoteIntegrityError, nothing downloaded     |
 |   manifest re-hashed by someone without the key  |                                              |
 | signed bucket, the right key                     | restores                                     |
+| a ``garbage`` key outside the store              | retention refuses; the object stays          |
 | a key configured, the manifest unsigned or       | RemoteIntegrityError                         |
 |   signed with another key                        |                                              |
 """
@@ -37,12 +38,14 @@ import obstore
 import pytest
 
 import statelog
+import statelog.cli
 from statelog.compaction.fold import compact
 from statelog.errors import NotAStoreError, StatelogError
 from statelog.remote import (
     RemoteClient,
     RemoteConfigError,
     RemoteIntegrityError,
+    apply_remote_retention,
     read_manifest,
     restore,
     ship,
@@ -446,3 +449,36 @@ def test_a_malformed_key_is_a_config_error(remote: Remote, bad: str) -> None:  #
     with pytest.raises(RemoteConfigError) as err:
         keyed(remote, bad)
     assert isinstance(err.value, StatelogError) and err.value.hint
+
+
+def test_cli_restore_of_a_hostile_manifest_exits_2_with_a_hint(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    src = small_store(tmp_path, remote)
+    forge_manifest(
+        remote, res_id(src), lambda doc: _first_wal(doc).update(name=str(tmp_path / "planted.wal"))
+    )
+    for k, v in remote.server.env().items():
+        monkeypatch.setenv(k, v)
+    assert statelog.cli.main(["restore", remote.url, str(tmp_path / "dst")]) == 2
+    assert "grammar" in capsys.readouterr().err
+    assert not (tmp_path / "dst").exists()
+    monkeypatch.setenv("STATELOG_REMOTE_KEY", "abc")
+    assert statelog.cli.main(["restore", remote.url, str(tmp_path / "dst")]) == 3
+
+
+def test_retention_deletes_no_garbage_key_outside_the_store(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    src = small_store(tmp_path, remote)
+    sid = res_id(src)
+    put_object(remote, "elsewhere/precious", b"keep me")
+    forge_manifest(remote, sid, lambda doc: doc.update(garbage=["elsewhere/precious"]))
+    gen = raw_manifest(remote, sid)["generation"]
+    with pytest.raises(RemoteIntegrityError):
+        apply_remote_retention(remote.client(), sid, gen, retain=1)
+    assert "shard/elsewhere/precious" in remote.object_keys()

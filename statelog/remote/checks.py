@@ -9,6 +9,7 @@ them names a local path, sizes a read or reaches a request:
   :mod:`statelog.format.wal` and :mod:`statelog.format.snapshot` write
   them; the key exactly as :class:`.url.StoreKeys` builds it), its hash is
   64 lowercase hex digits and its numbers are not negative;
+* :func:`check_garbage`: retention deletes only this store's data objects;
 * :func:`store_id_of`: a directory of an object listing is a store only if
   it is a UUID in its canonical spelling;
 * :class:`Confined`: every path a restore writes or removes stays under its
@@ -45,6 +46,7 @@ __all__ = [
     "PIN_LIMIT",
     "Confined",
     "check_entries",
+    "check_garbage",
     "local_name_problem",
     "store_id_of",
 ]
@@ -108,6 +110,28 @@ def check_entries(manifest_key: str, store_id: uuid.UUID, entries: Iterable[Entr
             why = f"{e.key!r} has no SHA-256 of 64 lower-case hex digits"
         if why is not None:
             raise RemoteIntegrityError(manifest_key, why, hint=_REFUSED)
+
+
+def check_garbage(manifest_key: str, store_id: uuid.UUID, keys: Iterable[str]) -> None:
+    """Refuse the MANIFEST if a ``garbage`` key (deleted by retention) is not a data object
+    of this store: ``<store-id>/wal/...`` or ``<store-id>/snapshots/...``, no empty, ``.``
+    or ``..`` part.
+
+    :raises RemoteIntegrityError: naming ``manifest_key`` and the first bad key.
+    """
+    root = str(store_id)
+    for key in keys:
+        parts = key.split("/")
+        if (
+            len(parts) != 4
+            or parts[0] != root
+            or parts[1] not in ("wal", "snapshots")
+            or any(p in ("", ".", "..") or "\0" in p for p in parts)
+        ):
+            raise RemoteIntegrityError(
+                manifest_key, f"garbage key {key!r} is not a data object of this store",
+                hint=_REFUSED,
+            )  # fmt: skip
 
 
 def store_id_of(name: str) -> uuid.UUID | None:

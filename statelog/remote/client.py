@@ -189,7 +189,8 @@ class RemoteClient:
             except RemoteError:
                 raise  # a check of the answer refused it: already typed, never retried
             except Exception as exc:
-                if " 416 " in str(exc):  # a ranged read of an empty object
+                status = _STATUS.search(str(exc))
+                if status is not None and status.group(1) == "416":  # a range of an empty object
                     raise RemoteIntegrityError(key, "the object is empty") from exc
                 if not is_transient(exc):
                     raise RemoteError(f"{op} {key}: {_first_line(exc)}") from exc

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import msgspec
 
 from statelog.errors import FencedError, RemoteError
-from statelog.remote.checks import MANIFEST_LIMIT, check_entries
+from statelog.remote.checks import MANIFEST_LIMIT, check_entries, check_garbage
 from statelog.remote.client import RemoteClient
 from statelog.remote.errors import ConditionFailedError, RemoteIntegrityError, RemoteNotFoundError
 from statelog.remote.signing import KEY_ENV, sign, verify
@@ -179,6 +179,7 @@ def read_manifest(client: RemoteClient, store_id: uuid.UUID) -> Versioned | None
     if m.store_id != str(store_id):
         raise RemoteIntegrityError(keys.manifest, f"manifest of store {m.store_id}")
     check_entries(keys.manifest, store_id, m.objects)
+    check_garbage(keys.manifest, store_id, m.garbage)
     return Versioned(m, got.etag or "")
 
 

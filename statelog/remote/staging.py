@@ -30,7 +30,7 @@ from statelog.remote.manifest import Entry
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import SNAPSHOT_DIR, WAL_DIR
 
-__all__ = ["Staging", "resolve_dest"]
+__all__ = ["Staging", "resolve_dest", "staging_of"]
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
