@@ -230,13 +230,17 @@ def test_a_store_id_spelled_another_way_is_not_a_store(tmp_path: Path, remote: R
 
 
 def test_a_symlink_where_staging_goes_is_refused(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
-    small_store(tmp_path, remote)
+    src = small_store(tmp_path, remote)
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "precious").write_bytes(b"keep me")
     (tmp_path / ".dst.restoring").symlink_to(victim)
+    gen = raw_manifest(remote, res_id(src))["generation"]
     with pytest.raises(NotAStoreError):
         restore(remote.url, tmp_path / "dst", client=remote.client())
+    with pytest.raises(NotAStoreError):  # refused before the takeover, too
+        restore(remote.url, tmp_path / "dst", client=remote.client(), take_over=True)
+    assert raw_manifest(remote, res_id(src))["generation"] == gen
     assert tree(victim) == {f"precious:{b'keep me'.hex()}"}
     assert (tmp_path / ".dst.restoring").is_symlink()
     assert not (tmp_path / "dst").exists()

@@ -43,7 +43,8 @@ def resolve_dest(dest: Path) -> Path:
 
     :raises NotAStoreError: anything else (a file, a non-empty directory, a
         dangling symlink, which would let whoever planted it choose where
-        the store lands).
+        the store lands); or a symlink or a file where the staging directory
+        goes.
     """
     dest = Path(dest)
     real = Path(os.path.realpath(dest))
@@ -57,7 +58,26 @@ def resolve_dest(dest: Path) -> Path:
             f"{dest} exists and is not an empty directory",
             hint="restore into a new or empty directory; nothing was changed",
         )
+    _check_spot(staging_of(real))
     return real
+
+
+def _check_spot(root: Path) -> int:
+    """The mode of what stands at ``root`` (0: nothing).
+
+    :raises NotAStoreError: a symlink or a file.
+    """
+    try:
+        mode = os.lstat(root).st_mode
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISDIR(mode):
+        raise NotAStoreError(
+            f"{root} is in the way of the restore and is not a directory (a symbolic "
+            "link or a file)",
+            hint="remove it and find out who made it; nothing was changed",
+        )
+    return mode
 
 
 def staging_of(dest: Path) -> Path:
@@ -81,17 +101,7 @@ class Staging:
         self.client, self.files = client, files
         root = staging_of(dest)
         files.makedirs(dest.parent)
-        try:
-            mode = os.lstat(root).st_mode
-        except FileNotFoundError:
-            mode = 0
-        if mode and not stat.S_ISDIR(mode):
-            raise NotAStoreError(
-                f"{root} is in the way of the restore and is not a directory (a symbolic "
-                "link or a file)",
-                hint="remove it and find out who made it; nothing was changed",
-            )
-        if mode:
+        if _check_spot(root):
             shutil.rmtree(root)  # a restore that died before its rename
         os.mkdir(root, 0o755)
         self.confined = Confined(root)
