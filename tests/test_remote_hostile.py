@@ -486,3 +486,20 @@ def test_retention_deletes_no_garbage_key_outside_the_store(
     with pytest.raises(RemoteIntegrityError):
         apply_remote_retention(remote.client(), sid, gen, retain=1)
     assert "shard/elsewhere/precious" in remote.object_keys()
+
+
+def test_open_with_remote_and_a_key_restores_only_a_signed_bucket(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    src = small_store(tmp_path, remote)  # shipped without a key
+    for k, v in remote.server.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("STATELOG_REMOTE_KEY", KEY)
+    with pytest.raises(RemoteIntegrityError, match="not signed"):
+        statelog.open(tmp_path / "dst", remote=remote.url)
+    assert not (tmp_path / "dst").exists() or not list((tmp_path / "dst").iterdir())
+    forge_manifest(remote, res_id(src), lambda doc: doc.update(signature="0" * 64))
+    with pytest.raises(RemoteIntegrityError, match="does not verify"):
+        statelog.open(tmp_path / "dst", remote=remote.url)
