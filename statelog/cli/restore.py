@@ -11,7 +11,9 @@ module prints what it did and maps it to the exit status:
   (``rejected``) or a damaged segment stopped the restore early
   (``lost_epochs``). The store is consistent at the epoch printed;
 * 2: nothing restorable (:class:`~statelog.errors.ResnapshotRequired`), or
-  ``--strict`` and a damaged segment (:class:`RemoteIntegrityError`);
+  ``--strict`` and a damaged segment, or a MANIFEST refused before any
+  download (names outside the store's grammar, an object over its limit,
+  not signed with ``STATELOG_REMOTE_KEY``): :class:`RemoteIntegrityError`;
   ``STORE`` was not created;
 * 3: ``STORE`` is not a new or empty directory, or the URL / the AWS_*
   environment is unusable (nothing was contacted); the usual codes
@@ -61,7 +63,9 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "(docs/remote.md). Exit 0: restored to the last shipped epoch. 1: restored, but "
         "the remote copy was damaged (a snapshot rejected or epochs lost); the store is "
         "consistent at the epoch printed. 2: nothing restorable (or --strict and a damaged "
-        "segment); STORE was not created. 3: STORE is not empty, or a bad URL.",
+        "segment, or the remote MANIFEST refused: bad names, or not signed with "
+        "STATELOG_REMOTE_KEY); STORE was not created. 3: STORE is not empty, or a bad URL "
+        "or key.",
     )
     p.add_argument("url", metavar="URL", help="the remote, s3://bucket/prefix")
     p.add_argument("store", type=Path, metavar="STORE", help="a new or empty directory")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import random
 import re
 import time
@@ -42,20 +43,25 @@ from statelog.remote.errors import (
     ConditionFailedError,
     ObjectExistsError,
     RemoteConfigError,
+    RemoteIntegrityError,
     RemoteNotFoundError,
     RemoteUnavailableError,
 )
+from statelog.remote.signing import key_from_env
 from statelog.remote.url import RemoteConfig, parse_remote_url
 
 if TYPE_CHECKING:
-    from obstore import Attributes
+    from obstore import Attributes, GetOptions
 
-__all__ = ["SHA256_ATTR", "Fetched", "RemoteClient", "RetryPolicy", "is_transient"]
+__all__ = ["GET_LIMIT", "SHA256_ATTR", "Fetched", "RemoteClient", "RetryPolicy", "is_transient"]
 
 log = logging.getLogger("statelog.remote")
 
 SHA256_ATTR = "sha256"
 """User metadata key (``x-amz-meta-sha256``) holding the hex SHA-256 of an object's bytes."""
+
+GET_LIMIT = 64 << 20
+"""The most :meth:`RemoteClient.get` reads into memory unless told otherwise."""
 
 T = TypeVar("T")
 _STATUS = re.compile(r"status code: (\d{3})")
@@ -121,12 +127,27 @@ class Fetched:
 
 
 class RemoteClient:
-    """Synchronous access to one bucket and prefix. Thread-safe (obstore stores are)."""
+    """Synchronous access to one bucket and prefix. Thread-safe (obstore stores are).
 
-    def __init__(self, store: S3Store, *, where: str, retry: RetryPolicy | None = None) -> None:
+    ``key`` is the shipping key (:mod:`.signing`): with one, every MANIFEST
+    written is signed and every MANIFEST read must verify. Reads are bounded:
+    :meth:`get` and :meth:`get_into` ask for at most one byte more than the
+    caller allows and refuse an object the store says is larger before
+    reading its body.
+    """
+
+    def __init__(
+        self,
+        store: S3Store,
+        *,
+        where: str,
+        retry: RetryPolicy | None = None,
+        key: bytes | None = None,
+    ) -> None:
         self.store = store
         self.where = where
         self.retry = retry or RetryPolicy()
+        self.key = key
 
     @classmethod
     def from_url(
@@ -137,13 +158,15 @@ class RemoteClient:
         retry: RetryPolicy | None = None,
         timeout: timedelta = timedelta(seconds=30),
     ) -> RemoteClient:
-        """A client for ``url`` configured from ``env`` (default: the process environment).
+        """A client for ``url`` configured from ``env`` (default: the process environment),
+        shipping key (``STATELOG_REMOTE_KEY``) included.
 
-        :raises RemoteConfigError: see :func:`.url.parse_remote_url`; or obstore refused the
-            configuration.
+        :raises RemoteConfigError: see :func:`.url.parse_remote_url` and
+            :func:`.signing.parse_key`; or obstore refused the configuration.
         """
         cfg = parse_remote_url(url, env)
-        return cls(_s3_store(cfg, timeout), where=url, retry=retry)
+        key = key_from_env(os.environ if env is None else env)
+        return cls(_s3_store(cfg, timeout), where=url, retry=retry, key=key)
 
     # -- the retry loop ---------------------------------------------------
     def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
@@ -163,7 +186,12 @@ class RemoteClient:
                     f"{op} {key}: access refused: {_first_line(exc)}",
                     hint="check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the bucket policy",
                 ) from exc
+            except RemoteError:
+                raise  # a check of the answer refused it: already typed, never retried
             except Exception as exc:
+                status = _STATUS.search(str(exc))
+                if status is not None and status.group(1) == "416":  # a range of an empty object
+                    raise RemoteIntegrityError(key, "the object is empty") from exc
                 if not is_transient(exc):
                     raise RemoteError(f"{op} {key}: {_first_line(exc)}") from exc
                 elapsed = time.monotonic() - started
@@ -215,46 +243,74 @@ class RemoteClient:
         )  # fmt: skip
         return res["e_tag"] or ""
 
-    def get(self, key: str) -> Fetched:
-        """Read ``key`` whole.
+    def get(self, key: str, *, limit: int = GET_LIMIT) -> Fetched:
+        """Read ``key`` whole, if it holds at most ``limit`` bytes (default :data:`GET_LIMIT`).
+
+        One ranged request for the first ``limit + 1`` bytes: an object the
+        store says is larger is refused before its body is read, and no more
+        than ``limit + 1`` bytes are ever transferred.
 
         :raises RemoteNotFoundError: no such object.
+        :raises RemoteIntegrityError: the object is larger than ``limit``, or empty.
         """
 
         def fetch() -> Fetched:
-            res = obstore.get(self.store, key)
-            return Fetched(bytes(res.bytes()), res.meta["e_tag"], dict(res.attributes))
+            res = obstore.get(self.store, key, options={"range": (0, limit + 1)})
+            _refuse_over(key, res.meta["size"], limit)
+            data = bytes(res.bytes())
+            _refuse_over(key, len(data), limit)
+            return Fetched(data, res.meta["e_tag"], dict(res.attributes))
 
         return self._call("get", key, fetch)
 
-    def get_into(self, key: str, out: IO[bytes]) -> tuple[str, dict[str, str], int]:
-        """Stream ``key`` into ``out`` (truncated first, and again on each retry).
+    def get_into(self, key: str, out: IO[bytes], *, size: int) -> tuple[str, dict[str, str]]:
+        """Stream ``key`` into ``out`` (truncated first, and again on each retry), if the
+        object holds exactly ``size`` bytes.
 
-        :returns: the hex SHA-256 of the bytes written, the attributes and the size.
+        At most ``size + 1`` bytes are requested and at most ``size`` written:
+        an object the store says has another size is refused before its body
+        is read, and a body that runs past ``size`` is refused at its first
+        extra byte.
+
+        :returns: the hex SHA-256 of the ``size`` bytes written, and the attributes.
         :raises RemoteNotFoundError: no such object.
+        :raises RemoteIntegrityError: the object's size is not ``size``.
         """
 
-        def fetch() -> tuple[str, dict[str, str], int]:
+        def fetch() -> tuple[str, dict[str, str]]:
             out.seek(0)
             out.truncate()
             h = hashlib.sha256()
-            res = obstore.get(self.store, key)
-            size = 0
+            ranged: GetOptions = {"range": (0, size + 1)} if size else {}
+            res = obstore.get(self.store, key, options=ranged)
+            if res.meta["size"] != size:
+                raise RemoteIntegrityError(
+                    key, f"the object holds {res.meta['size']} bytes, the manifest says {size}"
+                )
+            written = 0
             for chunk in res.stream(min_chunk_size=4 << 20):
-                view = memoryview(chunk)
+                view = memoryview(chunk)[: size + 1 - written]
+                if written + len(view) > size:
+                    raise RemoteIntegrityError(key, f"the object runs past {size} bytes")
                 h.update(view)
                 out.write(view)
-                size += len(view)
-            return h.hexdigest(), dict(res.attributes), size
+                written += len(view)
+            if written != size:
+                raise RemoteIntegrityError(key, f"the object ended at {written} of {size} bytes")
+            return h.hexdigest(), dict(res.attributes)
 
         return self._call("get", key, fetch)
 
     def head_sha256(self, key: str) -> str | None:
-        """The SHA-256 attribute of ``key`` (attributes come with GET, not HEAD, in obstore).
+        """The SHA-256 attribute of ``key`` (attributes come with GET, not HEAD, in obstore:
+        one ranged GET of a single byte).
 
         :raises RemoteNotFoundError: no such object.
         """
-        return self.get(key).attributes.get(SHA256_ATTR)
+        got = self._call(
+            "get", key, lambda: obstore.get(self.store, key, options={"range": (0, 1)})
+        )
+        return dict(got.attributes).get(SHA256_ATTR)
 
     def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
         """``(key, size)`` of every object under ``prefix``, listing retried as a whole."""
@@ -279,6 +335,16 @@ class RemoteClient:
     def delete(self, key: str) -> None:
         """Delete ``key``; deleting an absent key is not an error (S3 semantics)."""
         self._call("delete", key, lambda: obstore.delete(self.store, key))
+
+
+def _refuse_over(key: str, size: int, limit: int) -> None:
+    if size > limit:
+        raise RemoteIntegrityError(
+            key,
+            f"{size} bytes, over the limit of {limit} for this object",
+            hint="no statelog store writes an object this large there: whoever wrote the "
+            "bucket is not this store's shipper; nothing was read whole or written",
+        )
 
 
 def _s3_store(cfg: RemoteConfig, timeout: timedelta) -> S3Store:

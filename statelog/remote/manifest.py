@@ -20,7 +20,11 @@ The index lists every object a restore may use, with its SHA-256, size and
 place in the log. An uploaded object that no manifest version lists (a
 fenced writer's last uploads, a crash between upload and commit) is
 invisible to restore. The body is JSON followed by a line
-``sha256:<hex of the JSON>``, checked on every read.
+``sha256:<hex of the JSON>``, checked on every read, as is every entry's
+grammar (:func:`.checks.check_entries`) before anything it names is
+requested. With a shipping key (:mod:`.signing`) every version written
+carries ``signature``, the HMAC-SHA256 of :func:`canonical`, and a version
+read must carry a valid one.
 
 A retried conditional write may be refused because its first attempt
 landed and only the answer was lost: each version carries a random
@@ -43,8 +47,10 @@ from dataclasses import dataclass
 import msgspec
 
 from statelog.errors import FencedError, RemoteError
+from statelog.remote.checks import MANIFEST_LIMIT, check_entries, check_garbage
 from statelog.remote.client import RemoteClient
 from statelog.remote.errors import ConditionFailedError, RemoteIntegrityError, RemoteNotFoundError
+from statelog.remote.signing import KEY_ENV, sign, verify
 from statelog.remote.url import StoreKeys
 
 __all__ = [
@@ -53,6 +59,7 @@ __all__ = [
     "Manifest",
     "Versioned",
     "acquire",
+    "canonical",
     "check",
     "commit",
     "create_first",
@@ -97,9 +104,13 @@ class Manifest(msgspec.Struct, frozen=True):
     objects: tuple[Entry, ...] = ()
     garbage: tuple[str, ...] = ()  # keys dropped from the index, deleted once unpinned
     origin: str = ""  # the store directory that created generation 1 (record.origin_of)
+    signature: str = ""  # with a shipping key: HMAC-SHA256 of canonical(self), hex
 
-    def encode(self) -> bytes:
-        body = msgspec.json.encode(self)
+    def encode(self, key: bytes | None = None) -> bytes:
+        """The object's bytes: JSON, then its checksum line; signed first if ``key`` is given."""
+        # Unsigned without a key: a signature carried over from the version read would be stale.
+        signed = sign(key, canonical(self)) if key is not None else ""
+        body = msgspec.json.encode(msgspec.structs.replace(self, signature=signed))
         return body + b"\nsha256:" + hashlib.sha256(body).hexdigest().encode() + b"\n"
 
     @property
@@ -121,18 +132,31 @@ class Versioned:
     etag: str
 
 
-def _decode(key: str, data: bytes) -> Manifest:
+def canonical(m: Manifest) -> bytes:
+    """The bytes a signature covers: ``m``'s JSON with ``signature`` empty (fields in order)."""
+    return msgspec.json.encode(msgspec.structs.replace(m, signature=""))
+
+
+def _decode(key: str, data: bytes, secret: bytes | None) -> Manifest:
     body, sep, tail = data.rstrip(b"\n").rpartition(b"\nsha256:")
     if not sep or hashlib.sha256(body).hexdigest().encode() != tail:
         raise RemoteIntegrityError(key, "manifest checksum line missing or wrong")
     try:
         m = msgspec.json.decode(body, type=Manifest)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise RemoteIntegrityError(key, f"manifest does not decode: {exc}") from exc
     if m.format != FORMAT:
         raise RemoteError(
             f"{key}: manifest format {m.format}, this statelog reads {FORMAT}",
             hint="upgrade statelog on this host; nothing was changed",
+        )
+    if secret is not None and not (m.signature and verify(secret, canonical(m), m.signature)):
+        raise RemoteIntegrityError(
+            key,
+            "manifest signature does not verify" if m.signature else "manifest is not signed",
+            hint=f"a shipping key is set ({KEY_ENV}) and this MANIFEST was not signed with "
+            "it: either the key is wrong on this host or someone without the key wrote the "
+            "bucket; nothing was downloaded or written",
         )
     return m
 
@@ -140,16 +164,22 @@ def _decode(key: str, data: bytes) -> Manifest:
 def read_manifest(client: RemoteClient, store_id: uuid.UUID) -> Versioned | None:
     """The current manifest of ``store_id``, verified, or None if none was ever written.
 
+    Checked in order: its size (at most :data:`.checks.MANIFEST_LIMIT`, refused
+    before it is read whole), its checksum line, its format, its signature
+    (with the client's key), its store id and the grammar of every entry.
+
     :raises RemoteIntegrityError: the object does not verify.
     """
     keys = StoreKeys(store_id)
     try:
-        got = client.get(keys.manifest)
+        got = client.get(keys.manifest, limit=MANIFEST_LIMIT)
     except RemoteNotFoundError:
         return None
-    m = _decode(keys.manifest, got.data)
+    m = _decode(keys.manifest, got.data, client.key)
     if m.store_id != str(store_id):
         raise RemoteIntegrityError(keys.manifest, f"manifest of store {m.store_id}")
+    check_entries(keys.manifest, store_id, m.objects)
+    check_garbage(keys.manifest, store_id, m.garbage)
     return Versioned(m, got.etag or "")
 
 
@@ -180,7 +210,7 @@ def acquire(client: RemoteClient, store_id: uuid.UUID, *, origin: str = "") -> i
         if cur is None:
             new = Manifest(FORMAT, str(store_id), 1, _who(), write_id, _now_ms(), origin=origin)
             try:
-                client.put_new(keys.manifest, new.encode())
+                client.put_new(keys.manifest, new.encode(client.key))
                 gen = 1
             except ConditionFailedError:
                 if _landed(client, store_id, write_id):
@@ -196,7 +226,7 @@ def acquire(client: RemoteClient, store_id: uuid.UUID, *, origin: str = "") -> i
                 updated_ms=_now_ms(),
             )
             try:
-                client.put_if_match(keys.manifest, new.encode(), cur.etag)
+                client.put_if_match(keys.manifest, new.encode(client.key), cur.etag)
             except ConditionFailedError:
                 if not _landed(client, store_id, write_id):
                     continue
@@ -232,7 +262,7 @@ def create_first(client: RemoteClient, store_id: uuid.UUID, origin: str) -> int:
         write_id = secrets.token_hex(12)
         new = Manifest(FORMAT, str(store_id), 1, _who(), write_id, _now_ms(), origin=origin)
         try:
-            client.put_new(keys.manifest, new.encode())
+            client.put_new(keys.manifest, new.encode(client.key))
         except ConditionFailedError:
             cur = read_manifest(client, store_id)
             if cur is None:
@@ -303,7 +333,7 @@ def commit(
         write_id = secrets.token_hex(12)
         new = msgspec.structs.replace(change(cur.manifest), write_id=write_id, updated_ms=_now_ms())
         try:
-            client.put_if_match(keys.manifest, new.encode(), cur.etag)
+            client.put_if_match(keys.manifest, new.encode(client.key), cur.etag)
             return new
         except ConditionFailedError:
             if _landed(client, store_id, write_id):

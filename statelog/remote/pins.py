@@ -26,8 +26,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
+from statelog.remote.checks import PIN_LIMIT
 from statelog.remote.client import RemoteClient
-from statelog.remote.errors import RemoteNotFoundError
+from statelog.remote.errors import RemoteIntegrityError, RemoteNotFoundError
 from statelog.remote.url import StoreKeys
 
 __all__ = ["ALL", "CLOCK_SKEW", "RemotePin", "live_pinned_keys", "remote_pin"]
@@ -88,20 +89,21 @@ def live_pinned_keys(
 ) -> set[str]:
     """Keys named by every unexpired pin of ``store_id``; expired pins are deleted.
 
-    A pin that cannot be parsed counts as live and pinning everything
-    (:data:`ALL`): a deleter that honours pins then deletes nothing.
+    A pin that cannot be parsed, or is over :data:`.checks.PIN_LIMIT` (not
+    read), counts as live and pinning everything (:data:`ALL`): a deleter
+    that honours pins then deletes nothing.
     """
     now = int(time.time() * 1000) if now_ms is None else now_ms
     grace = int(CLOCK_SKEW.total_seconds() * 1000)
     pinned: set[str] = set()
     for key, _size in client.list_objects(StoreKeys(store_id).pins):
         try:
-            doc = json.loads(client.get(key).data)
+            doc = json.loads(client.get(key, limit=PIN_LIMIT).data)
             expires = int(doc["expires_ms"])
             names = [str(k) for k in doc["keys"]]
         except RemoteNotFoundError:
             continue  # released meanwhile
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError, RemoteIntegrityError) as exc:
             log.error("event=remote_pin_unreadable pin=%s reason=%r", key, str(exc))
             pinned.add(ALL)
             continue

@@ -8,19 +8,27 @@ followed by their chain values, not by their names: from ``(lsn, crc)`` the
 next segment is the one that starts at ``lsn + 1`` and whose header links
 to ``crc``; its SEAL gives the next ``(lsn, crc)``. Following links rather
 than sequence numbers keeps a restore on one unbroken history.
+
+The manifest is untrusted and may list many thousand entries, so a
+:class:`Planner` indexes it once (dicts by link, by SEAL and by first LSN)
+and every question after that costs time in proportion to its answer:
+walking back past rejected snapshots asks about each snapshot once, and
+only the chain of the snapshot accepted is walked.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from statelog.remote.manifest import Entry, Manifest
 
-__all__ = ["Plan", "follow_chain", "plan_restore"]
+__all__ = ["Plan", "Planner", "follow_chain", "plan_restore"]
 
 log = logging.getLogger("statelog.remote")
+
+_Link = tuple[int, int]  # (lsn, crc): where the log stands after a segment or snapshot
 
 
 @dataclass(frozen=True)
@@ -33,29 +41,75 @@ class Plan:
     epoch: int
 
 
+def _next_by_link(segments: Sequence[Entry]) -> dict[_Link, Entry]:
+    """For each link, the segment that continues it: at a fork the newest generation won."""
+    groups: dict[_Link, list[Entry]] = {}
+    for e in segments:
+        groups.setdefault((e.first_lsn - 1, e.prev_crc), []).append(e)
+    out: dict[_Link, Entry] = {}
+    for link, group in groups.items():
+        if len(group) > 1:
+            keys = ",".join(e.key for e in group)
+            log.warning("event=chain_fork lsn=%d keys=%s", link[0], keys)
+        out[link] = max(group, key=lambda e: (e.generation, -e.sequence))
+    return out
+
+
+class Planner:
+    """One manifest, indexed once (linear in its entries); see the module docstring."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        segs = manifest.segments
+        self.snapshots = manifest.snapshots
+        self._next = _next_by_link(segs)
+        self._by_seal: dict[_Link, Entry] = {}
+        for e in segs:
+            self._by_seal.setdefault((e.last_lsn, e.end_crc), e)
+        self._last_first = max((e.first_lsn for e in segs), default=-1)
+
+    def chain(self, lsn: int, crc: int) -> list[Entry]:
+        """Segments that continue the log from ``(lsn, crc)``, in log order, until a link is
+        missing or a segment would repeat."""
+        out: list[Entry] = []
+        seen: set[str] = set()
+        while (e := self._next.get((lsn, crc))) is not None and e.key not in seen:
+            seen.add(e.key)
+            out.append(e)
+            lsn, crc = e.last_lsn, e.end_crc
+        return out
+
+    def links(self, snap: Entry) -> bool:
+        """Whether the remote log continues from ``snap``, or ends at it."""
+        if self._last_first <= snap.last_lsn:
+            return True  # the log ends at the snapshot (or retention removed what it covers)
+        return (snap.last_lsn, snap.end_crc) in self._next
+
+    def plan(self, snap: Entry | None) -> Plan | None:
+        """The plan starting at ``snap`` (None: the log from LSN 1); None if nothing does."""
+        if snap is None:
+            chain = self.chain(0, 0)
+            return Plan(None, None, tuple(chain), chain[-1].last_lsn) if chain else None
+        chain = self.chain(snap.last_lsn, snap.end_crc)
+        covering = self._by_seal.get((snap.last_lsn, snap.end_crc))
+        epoch = chain[-1].last_lsn if chain else snap.last_lsn
+        return Plan(snap, covering, tuple(chain), max(epoch, snap.last_lsn))
+
+    def walk(self, accept: Callable[[Entry], bool]) -> Plan | None:
+        """The plan from the newest linking snapshot that ``accept`` takes, else from LSN 1.
+
+        ``accept`` is asked about each linking snapshot once, newest first (a
+        restore downloads and verifies it there); only the accepted one's
+        chain is walked.
+        """
+        for snap in self.snapshots:
+            if self.links(snap) and accept(snap):
+                return self.plan(snap)
+        return self.plan(None)
+
+
 def follow_chain(segments: Sequence[Entry], lsn: int, crc: int) -> list[Entry]:
     """Segments that continue the log from ``(lsn, crc)``, in log order, until a link is missing."""
-    out: list[Entry] = []
-    seen: set[str] = set()
-    while True:
-        nxt = [e for e in segments if e.first_lsn == lsn + 1 and e.prev_crc == crc]
-        nxt = [e for e in nxt if e.key not in seen]
-        if not nxt:
-            return out
-        if len(nxt) > 1:
-            # Two histories forked here: the newest generation is the one that won.
-            log.warning("event=chain_fork lsn=%d keys=%s", lsn, ",".join(e.key for e in nxt))
-        e = max(nxt, key=lambda e: (e.generation, -e.sequence))
-        seen.add(e.key)
-        out.append(e)
-        lsn, crc = e.last_lsn, e.end_crc
-
-
-def _links(snap: Entry, segments: Sequence[Entry]) -> bool:
-    later = [e for e in segments if e.first_lsn > snap.last_lsn]
-    if not later:
-        return True  # the log ends at the snapshot (or retention removed what it covers)
-    return any(e.first_lsn == snap.last_lsn + 1 and e.prev_crc == snap.end_crc for e in later)
+    return Planner(Manifest(0, "", 0, "", "", 0, objects=tuple(segments))).chain(lsn, crc)
 
 
 def plan_restore(manifest: Manifest, *, refused: Collection[str] = ()) -> Plan | None:
@@ -64,17 +118,4 @@ def plan_restore(manifest: Manifest, *, refused: Collection[str] = ()) -> Plan |
     Newest linking snapshot first; with none, the log from LSN 1 (a segment
     starting at LSN 1 whose header links to 0, as a new store's first does).
     """
-    segs = manifest.segments
-    for snap in manifest.snapshots:
-        if snap.key in refused or not _links(snap, segs):
-            continue
-        chain = follow_chain(segs, snap.last_lsn, snap.end_crc)
-        covering = next(
-            (e for e in segs if e.last_lsn == snap.last_lsn and e.end_crc == snap.end_crc), None
-        )
-        epoch = chain[-1].last_lsn if chain else snap.last_lsn
-        return Plan(snap, covering, tuple(chain), max(epoch, snap.last_lsn))
-    chain = follow_chain(segs, 0, 0)
-    if not chain:
-        return None
-    return Plan(None, None, tuple(chain), chain[-1].last_lsn)
+    return Planner(manifest).walk(lambda snap: snap.key not in refused)

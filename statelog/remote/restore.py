@@ -5,10 +5,15 @@ renames it into place only at the end, so a restore that fails or dies
 leaves no half-restored store behind. Steps, in order:
 
 1. refuse a destination that exists and is not an empty directory (before
-   any request);
-2. read the MANIFEST, pin every object it lists (:mod:`.pins`), read the
-   MANIFEST again, and start over if it changed meanwhile: the objects of
-   the version read stay until the pin is released or expires;
+   any request); resolve it once, and the staging directory beside it
+   (:mod:`.staging`): every path written or removed from then on is
+   checked to stay under them;
+2. read the MANIFEST (bounded, checksummed, its signature verified when a
+   shipping key is set, every name checked against the store's grammar,
+   all before any object is requested: :func:`.manifest.read_manifest`),
+   pin every object it lists (:mod:`.pins`), read the MANIFEST again, and
+   start over if it changed meanwhile: the objects of the version read
+   stay until the pin is released or expires;
 3. plan with the ladder's rules (:mod:`.plan`): the newest snapshot that
    links to the remote log. Download it, check its SHA-256 against the
    manifest and the object's metadata, then verify its own footer hash;
@@ -30,11 +35,8 @@ leaves no half-restored store behind. Steps, in order:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import os
-import shutil
 import time
 import uuid
 from dataclasses import dataclass
@@ -44,18 +46,20 @@ from pathlib import Path
 from statelog.errors import (
     CorruptionError,
     FormatVersionError,
-    NotAStoreError,
     RemoteError,
     ResnapshotRequired,
 )
 from statelog.log.reader import StopKind, scan_segment
 from statelog.recovery.readonly import recover_readonly
-from statelog.remote.client import SHA256_ATTR, RemoteClient
+from statelog.remote.checks import IDENTITY_LIMIT, store_id_of
+from statelog.remote.client import RemoteClient
 from statelog.remote.errors import RemoteIntegrityError, RemoteNotFoundError
 from statelog.remote.manifest import Entry, Manifest, acquire, read_manifest
 from statelog.remote.pins import remote_pin
-from statelog.remote.plan import plan_restore
-from statelog.remote.record import Shipped, ShipRecord, save_record
+from statelog.remote.plan import Planner
+from statelog.remote.record import RECORD, Shipped, ShipRecord, save_record
+from statelog.remote.signing import KEY_ENV
+from statelog.remote.staging import Staging, resolve_dest
 from statelog.remote.url import StoreKeys
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
@@ -89,10 +93,7 @@ def find_store(client: RemoteClient) -> uuid.UUID:
     :raises RemoteNotFoundError: no store was shipped there.
     :raises RemoteError: several were: name one with ``store_id``.
     """
-    ids: list[uuid.UUID] = []
-    for name in client.list_dirs(None):
-        with contextlib.suppress(ValueError):
-            ids.append(uuid.UUID(name))
+    ids = [sid for name in client.list_dirs(None) if (sid := store_id_of(name)) is not None]
     if not ids:
         raise RemoteNotFoundError(f"no statelog store under {client.where}")
     if len(ids) > 1:
@@ -101,44 +102,6 @@ def find_store(client: RemoteClient) -> uuid.UUID:
             hint="pass the store id of the one to restore (give each shard its own prefix)",
         )
     return ids[0]
-
-
-class _Staging:
-    """The directory a restore fills before it becomes the store."""
-
-    def __init__(self, root: Path, client: RemoteClient, files: FileLayer) -> None:
-        self.root, self.client, self.files = root, client, files
-        self.bytes = 0
-
-    def fetch(self, e_key: str, sha: str, dest: Path) -> None:
-        """Download ``e_key`` to ``dest``: temp file, hash check, fsync, rename, fsync dir.
-
-        :raises RemoteIntegrityError: the bytes do not hash to ``sha`` (dest not created).
-        """
-        tmp = dest.with_name(dest.name + ".tmp")
-        try:
-            with open(tmp, "wb") as out:
-                got, attrs, size = self.client.get_into(e_key, out)
-                out.flush()
-                os.fsync(out.fileno())
-            self.bytes += size
-            if got != sha:
-                raise RemoteIntegrityError(e_key, f"sha256 {got[:16]}..., manifest {sha[:16]}...")
-            if attrs.get(SHA256_ATTR, sha) != sha:
-                raise RemoteIntegrityError(e_key, "the object's sha256 metadata disagrees")
-            self.files.rename(tmp, dest)
-        except BaseException:
-            self.files.remove(tmp)
-            raise
-        self.files.fsync_dir(dest.parent)
-
-
-def _check_dest(dest: Path) -> None:
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise NotAStoreError(
-            f"{dest} exists and is not an empty directory",
-            hint="restore into a new or empty directory; nothing was changed",
-        )
 
 
 def restore(
@@ -162,20 +125,23 @@ def restore(
     :param take_over: acquire a new writer generation *before* reading the
         manifest (so the previous owner can add nothing after what is
         restored) and record it in ``remote.json``: the failover form.
-    :raises NotAStoreError: ``dest`` is not empty; nothing was changed.
+    :raises NotAStoreError: ``dest`` is not empty (or a dangling symlink), or a symlink
+        stands where the staging directory goes; nothing was changed.
+    :raises RemoteIntegrityError: the MANIFEST does not verify, is not signed with the
+        shipping key, or names an object or a file outside the store's grammar (before
+        any object is requested); or ``IDENTITY`` does not verify.
     :raises RemoteNotFoundError: no store or no manifest at ``url``.
     :raises ResnapshotRequired: no snapshot verifies and the remote log does not reach LSN 1.
     :raises RemoteIntegrityError: ``strict`` and a segment is damaged.
+    :raises NotAStoreError: a symlink appeared inside the staging directory (it is removed).
     :raises RemoteError: requests failed after their retries; ``dest`` was not created.
     :raises OSError: writing the local files failed; ``dest`` was not created.
     """
     started = time.perf_counter()
-    dest = Path(dest)
-    _check_dest(dest)
+    dest = resolve_dest(dest)
     files = files or FileLayer()
     client = client or RemoteClient.from_url(url)
     sid = store_id or find_store(client)
-    staging = dest.parent / f".{dest.name}.restoring"
     generation = acquire(client, sid) if take_over else 0
     for _ in range(5):
         cur = read_manifest(client, sid)
@@ -186,19 +152,15 @@ def restore(
             again = read_manifest(client, sid)
             if again is None or again.etag != cur.etag:
                 continue  # retention (or a ship) moved on: pin the new version instead
-            if staging.exists():
-                shutil.rmtree(staging)  # a restore that died before its rename
+            st = Staging(dest, client, files)
             try:
-                result = _restore(
-                    client, cur.manifest, sid, staging, dest, strict, check, files, generation
-                )
+                result = _restore(st, cur.manifest, sid, dest, strict, check, generation)
             except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
+                st.discard()
                 raise
-        files.makedirs(dest.parent)
         if dest.exists():
             dest.rmdir()  # empty, checked above; rename() cannot replace it atomically anyway
-        files.rename(staging, dest)
+        files.rename(st.root, dest)
         files.fsync_dir(dest.parent)
         done = RestoreResult(**{**result.__dict__, "seconds": time.perf_counter() - started})
         log.info(
@@ -211,37 +173,39 @@ def restore(
     raise RemoteError(f"the MANIFEST of {sid} kept changing while a restore tried to pin it")
 
 
+def _identity(st: Staging, m: Manifest, sid: uuid.UUID) -> None:
+    """Download ``IDENTITY`` (bounded), check it against the manifest, write it to staging."""
+    key = StoreKeys(sid).identity
+    if not m.identity_sha256 and st.client.key is not None:
+        raise RemoteIntegrityError(
+            key, f"the signed manifest lists no hash of IDENTITY ({KEY_ENV} is set)"
+        )
+    identity = st.client.get(key, limit=IDENTITY_LIMIT).data
+    if m.identity_sha256 and hashlib.sha256(identity).hexdigest() != m.identity_sha256:
+        raise RemoteIntegrityError(key, "sha256 differs from the manifest's")
+    st.write(IDENTITY, identity)
+    if StoreLayout(st.root).read_identity(st.files) != sid:
+        raise RemoteIntegrityError(key, "IDENTITY names another store")
+
+
 def _restore(
-    client: RemoteClient,
+    st: Staging,
     m: Manifest,
     sid: uuid.UUID,
-    root: Path,
     dest: Path,
     strict: bool,
     check: bool,
-    files: FileLayer,
     generation: int,
 ) -> RestoreResult:
-    st = _Staging(root, client, files)
-    files.makedirs(root / WAL_DIR)
-    files.makedirs(root / SNAPSHOT_DIR)
-    identity = client.get(StoreKeys(sid).identity).data
-    if m.identity_sha256 and hashlib.sha256(identity).hexdigest() != m.identity_sha256:
-        raise RemoteIntegrityError(StoreKeys(sid).identity, "sha256 differs from the manifest's")
-    files.create_durable(root / IDENTITY, identity)
-    if StoreLayout(root).read_identity(files) != sid:
-        raise RemoteIntegrityError(StoreKeys(sid).identity, "IDENTITY names another store")
+    _identity(st, m, sid)
     rejected: dict[str, str] = {}
-    while True:
-        plan = plan_restore(m, refused=rejected)
-        if plan is None:
-            tried = [(Path(k), why) for k, why in rejected.items()]
-            raise ResnapshotRequired(
-                f"no remote snapshot of {sid} verifies and the remote log does not reach LSN 1",
-                tried,
-            )
-        if plan.snapshot is None or _snapshot_ok(st, plan.snapshot, sid, rejected):
-            break
+    plan = Planner(m).walk(lambda snap: _snapshot_ok(st, snap, sid, rejected))
+    if plan is None:
+        tried = [(Path(k), why) for k, why in rejected.items()]
+        raise ResnapshotRequired(
+            f"no remote snapshot of {sid} verifies and the remote log does not reach LSN 1",
+            tried,
+        )
     restored: list[Entry] = [plan.snapshot] if plan.snapshot else []
     if plan.covering is not None and _segment_ok(st, plan.covering, sid, None, rejected):
         restored.append(plan.covering)
@@ -260,7 +224,7 @@ def _restore(
         epoch, chain = e.last_lsn, e.end_crc
     now = int(time.time() * 1000)
     record = ShipRecord(
-        url=client.where, store_id=str(sid), generation=generation, last_epoch=m.last_epoch,
+        url=st.client.where, store_id=str(sid), generation=generation, last_epoch=m.last_epoch,
         last_ship_ms=now,
         files={
             f"{WAL_DIR if e.kind == 'wal' else SNAPSHOT_DIR}/{e.name}": Shipped(
@@ -269,9 +233,11 @@ def _restore(
             for e in restored
         },
     )  # fmt: skip
-    save_record(root, record, files)
+    st.confined.path(RECORD)
+    st.confined.path(RECORD + ".tmp")
+    save_record(st.root, record, st.files)
     if check:
-        _check_recovers(root, epoch)
+        _check_recovers(st.root, epoch)
     return RestoreResult(
         dest, sid, m.generation, epoch, m.last_epoch,
         plan.snapshot.key if plan.snapshot else None,
@@ -286,26 +252,23 @@ def _refuse(rejected: dict[str, str], key: str, why: str) -> bool:
     return False
 
 
-def _snapshot_ok(st: _Staging, e: Entry, sid: uuid.UUID, rejected: dict[str, str]) -> bool:
-    path = st.root / SNAPSHOT_DIR / e.name
+def _snapshot_ok(st: Staging, e: Entry, sid: uuid.UUID, rejected: dict[str, str]) -> bool:
     try:
-        st.fetch(e.key, e.sha256, path)
-        meta = verify_snapshot(st.files, path, store_id=sid)
+        meta = verify_snapshot(st.files, st.fetch(e), store_id=sid)
     except (RemoteIntegrityError, CorruptionError, FormatVersionError, RemoteNotFoundError) as exc:
-        st.files.remove(path)
+        st.remove(e)
         return _refuse(rejected, e.key, getattr(exc, "reason", None) or str(exc))
     if (meta.lsn, meta.chain) != (e.last_lsn, e.end_crc):
-        st.files.remove(path)
+        st.remove(e)
         return _refuse(rejected, e.key, "snapshot header disagrees with the manifest")
     return True
 
 
 def _segment_ok(
-    st: _Staging, e: Entry, sid: uuid.UUID, chain: int | None, rejected: dict[str, str]
+    st: Staging, e: Entry, sid: uuid.UUID, chain: int | None, rejected: dict[str, str]
 ) -> bool:
-    path = st.root / WAL_DIR / e.name
     try:
-        st.fetch(e.key, e.sha256, path)
+        path = st.fetch(e)
     except (RemoteIntegrityError, RemoteNotFoundError) as exc:
         return _refuse(rejected, e.key, getattr(exc, "reason", None) or str(exc))
     scan = scan_segment(path, path.read_bytes(), store_id=sid, prev_crc=chain, is_last=False)
@@ -315,7 +278,7 @@ def _segment_ok(
     elif (scan.sealed_lsn, scan.end_crc) != (e.last_lsn, e.end_crc):
         why = "the segment's SEAL disagrees with the manifest"
     if why is not None:
-        st.files.remove(path)
+        st.remove(e)
         return _refuse(rejected, e.key, why)
     return True
 

@@ -1,0 +1,184 @@
+"""What a MANIFEST may name, how much a remote object may weigh, where a restore may write.
+
+The bucket is untrusted: whoever can write it chooses every name, size and
+hash a MANIFEST lists. This module holds the checks made before any of
+them names a local path, sizes a read or reaches a request:
+
+* :func:`check_entries`: each entry's kind, key and local name follow the
+  store's own grammar (segment and snapshot names exactly as
+  :mod:`statelog.format.wal` and :mod:`statelog.format.snapshot` write
+  them; the key exactly as :class:`.url.StoreKeys` builds it), its hash is
+  64 lowercase hex digits and its numbers are not negative;
+* :func:`check_garbage`: retention deletes only this store's data objects;
+* :func:`store_id_of`: a directory of an object listing is a store only if
+  it is a UUID in its canonical spelling;
+* :class:`Confined`: every path a restore writes or removes stays under its
+  staging directory, resolved once, with no symlink on the way;
+* the byte limits of the objects read whole into memory.
+
+Pure checks except :class:`Confined`, which looks at the file system
+(``lstat``, ``realpath``) and changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from statelog.errors import NotAStoreError
+from statelog.format.snapshot import parse_snapshot_name, snapshot_name
+from statelog.format.wal import parse_segment_name, segment_name
+from statelog.remote.errors import RemoteIntegrityError
+from statelog.remote.url import StoreKeys
+
+if TYPE_CHECKING:
+    from statelog.remote.manifest import Entry
+
+__all__ = [
+    "IDENTITY_LIMIT",
+    "KINDS",
+    "MANIFEST_LIMIT",
+    "PIN_LIMIT",
+    "Confined",
+    "check_entries",
+    "check_garbage",
+    "local_name_problem",
+    "store_id_of",
+]
+
+MANIFEST_LIMIT = 64 << 20
+"""Largest MANIFEST read, in bytes: 100,000 entries take a few MB."""
+PIN_LIMIT = MANIFEST_LIMIT
+"""Largest pin read: a pin names the keys of one MANIFEST version."""
+IDENTITY_LIMIT = 64 << 10
+"""Largest ``IDENTITY`` read; the file statelog writes is under 200 bytes."""
+
+KINDS = {
+    "wal": (parse_segment_name, segment_name),
+    "snapshot": (parse_snapshot_name, snapshot_name),
+}
+"""Entry kinds, each with the parser and the writer of its local file names."""
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_NUMBERS = (
+    "size", "generation", "sequence", "first_lsn", "prev_crc", "last_lsn", "end_crc", "epoch",
+)  # fmt: skip
+_REFUSED = (
+    "the MANIFEST names an object or a file outside the store's grammar; nothing was "
+    "downloaded or written. Whoever wrote the bucket is not this store's shipper: check "
+    "the bucket's access policy"
+)
+
+
+def local_name_problem(kind: str, name: str) -> str | None:
+    """Why ``name`` is not a file name the store writes for ``kind``; None if it is one.
+
+    The name must parse with the kind's parser and be spelled exactly as the
+    kind's writer spells what it parsed, so ``../x``, ``/abs``, ``a/b``, a
+    NUL, a trailing newline or an upper-case digit never pass.
+    """
+    grammar = KINDS.get(kind)
+    if grammar is None:
+        return f"unknown kind {kind!r}"
+    parse, spell = grammar
+    parsed = parse(name) if "\0" not in name else None
+    if parsed is None or spell(*parsed) != name:
+        return f"{kind} name {name!r} is not one this store writes"
+    return None
+
+
+def check_entries(manifest_key: str, store_id: uuid.UUID, entries: Iterable[Entry]) -> None:
+    """Refuse the MANIFEST if any entry breaks the grammar (module docstring).
+
+    :raises RemoteIntegrityError: naming ``manifest_key`` and the first bad entry.
+    """
+    keys = StoreKeys(store_id)
+    for e in entries:
+        why = local_name_problem(e.kind, e.name)
+        if why is None and any(getattr(e, f) < 0 for f in _NUMBERS):
+            why = f"{e.key!r} has a negative size, generation, LSN or crc"
+        if why is None:
+            make = keys.segment if e.kind == "wal" else keys.snapshot
+            if e.key != make(e.generation, e.name):
+                why = f"key {e.key!r} is not the key of {e.kind} {e.name}"
+        if why is None and not _SHA256.fullmatch(e.sha256):
+            why = f"{e.key!r} has no SHA-256 of 64 lower-case hex digits"
+        if why is not None:
+            raise RemoteIntegrityError(manifest_key, why, hint=_REFUSED)
+
+
+def check_garbage(manifest_key: str, store_id: uuid.UUID, keys: Iterable[str]) -> None:
+    """Refuse the MANIFEST if a ``garbage`` key (deleted by retention) is not a data object
+    of this store: ``<store-id>/wal/...`` or ``<store-id>/snapshots/...``, no empty, ``.``
+    or ``..`` part.
+
+    :raises RemoteIntegrityError: naming ``manifest_key`` and the first bad key.
+    """
+    root = str(store_id)
+    for key in keys:
+        parts = key.split("/")
+        if (
+            len(parts) != 4
+            or parts[0] != root
+            or parts[1] not in ("wal", "snapshots")
+            or any(p in ("", ".", "..") or "\0" in p for p in parts)
+        ):
+            raise RemoteIntegrityError(
+                manifest_key, f"garbage key {key!r} is not a data object of this store",
+                hint=_REFUSED,
+            )  # fmt: skip
+
+
+def store_id_of(name: str) -> uuid.UUID | None:
+    """The store id a directory of an object listing names, or None if it names none."""
+    try:
+        sid = uuid.UUID(name)
+    except ValueError:
+        return None
+    return sid if str(sid) == name else None
+
+
+class Confined:
+    """Paths under one directory, resolved once, that no symlink can lead out of.
+
+    :meth:`path` is asked for every file a restore writes or removes: each
+    part must be one plain name, the directory it lands in must still
+    resolve to where it was built (no component replaced by a symlink
+    meanwhile), and the file itself must not be a symlink.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(os.path.realpath(root))
+
+    def path(self, *parts: str) -> Path:
+        """``root/parts...``, checked (class docstring).
+
+        :raises RemoteIntegrityError: a part is not a plain name.
+        :raises NotAStoreError: a symlink on the way would lead the write elsewhere.
+        """
+        for part in parts:
+            if part in ("", ".", "..") or "/" in part or "\0" in part:
+                raise RemoteIntegrityError(part, "not a plain file name", hint=_REFUSED)
+        p = self.root.joinpath(*parts)
+        if Path(os.path.realpath(p.parent)) != p.parent:
+            raise _symlinked(p.parent)
+        try:
+            mode = os.lstat(p).st_mode
+        except FileNotFoundError:
+            return p
+        if stat.S_ISLNK(mode):
+            raise _symlinked(p)
+        return p
+
+
+def _symlinked(p: Path) -> NotAStoreError:
+    return NotAStoreError(
+        f"{p} is, or lies under, a symbolic link planted in the restore's directory",
+        hint="something else writes to the restore's directory: remove the link and find "
+        "who made it; the destination was not created",
+    )
