@@ -21,8 +21,8 @@ from statelog.store.validate import (
     ENCODE_ERRORS,
     check_key,
     check_offsets,
+    check_table_name,
     check_watermark,
-    table_delta,
 )
 
 if TYPE_CHECKING:
@@ -50,8 +50,7 @@ class Transaction:
     def _table(self, table: str) -> dict[Key, Any]:
         t = self._tables.get(table)
         if t is None:
-            table_delta(table, {}, ())  # validates the name
-            t = self._tables[table] = {}
+            t = self._tables[check_table_name(table)] = {}
         return t
 
     def put(self, key: Key, value: Any, *, table: str = "default") -> None:
