@@ -117,7 +117,7 @@ def decode_record(payload: bytes | memoryview) -> CommitRecord:
         raise RecordSchemaError(f"verified frame holds no commit record: {exc}") from None
     why = check_record(rec)
     if why is not None:
-        raise RecordSchemaError(f"verified frame breaks the record schema: {why}")
+        raise RecordSchemaError(f"verified frame breaks the commit record schema: {why}")
     return rec
 
 
@@ -158,16 +158,16 @@ def _keys_problem(keys: list[Any]) -> str | None:
 def _values_problem(values: list[bytes]) -> str | None:
     """Why some value does not decode, or None: each is decoded as a read decodes it.
 
-    Decoding is the only complete check (a skip would pass bad UTF-8, bad
-    timestamps and unhashable map keys); the objects are dropped at once.
+    Decoding is the only complete check: a skip over the msgpack structure
+    would pass bad UTF-8, bad timestamps and unhashable map keys, which a
+    read would then trip over. The objects are dropped at once.
     """
     dec = _value_decoder.decode
-    i = 0
     try:
-        for i, v in enumerate(values):  # noqa: B007 (i names the bad value)
+        for v in values:
             dec(v)
     except DECODE_ERRORS as exc:
-        return f"value {i} does not decode: {exc}"
+        return f"value {values.index(v)} does not decode: {exc}"
     return None
 
 
