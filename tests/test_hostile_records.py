@@ -241,6 +241,8 @@ def test_table_name_over_the_byte_limit_is_refused_at_commit(tmp_path: Path, nam
         assert "bytes" in info.value.hint
         with pytest.raises(InvalidCommitError), st.transaction() as tx:
             tx.put("k", 1, table=name)
+        with pytest.raises(InvalidCommitError), st.transaction() as tx:
+            tx.delete("k", table=[name])  # type: ignore[arg-type]
         assert st.epoch == 0
         # the longest name allowed commits, folds and reads back
         ok = "€" * 85  # 255 bytes
@@ -330,3 +332,14 @@ def test_hostile_record_in_a_remote_segment_restores_to_the_last_good_commit(
     with statelog.open(tmp_path / "dst", readonly=True) as ro:
         assert ro.epoch == 3
         assert snapshot_of(ro) == model_at(models, 3)
+
+
+def test_limits_table_of_the_format_is_the_codes() -> None:
+    from statelog.format import limits
+    from statelog.sinks import MAX_SINK_NAME_BYTES
+    from tests.docs_markdown import ROOT, marked_table
+
+    rows = {r["What"]: r["Limit"] for r in marked_table(ROOT / "docs" / "format.md", "limits")}
+    assert f"at most {limits.MAX_KEY_BYTES} bytes" in rows["key (`str` or `bytes`)"]
+    assert f"1 to {limits.MAX_TABLE_NAME_BYTES} bytes in UTF-8" in rows["table name"]
+    assert f"at most {MAX_SINK_NAME_BYTES} bytes" in rows["sink name"]

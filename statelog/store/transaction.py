@@ -48,9 +48,12 @@ class Transaction:
         self._done = False
 
     def _table(self, table: str) -> dict[Key, Any]:
-        t = self._tables.get(table)
+        t = self._tables.get(table) if table.__class__ is str else None
         if t is None:
-            t = self._tables[check_table_name(table)] = {}
+            name = check_table_name(table)  # before hashing it: a list is no table name
+            t = self._tables.get(name)
+            if t is None:
+                t = self._tables[name] = {}
         return t
 
     def put(self, key: Key, value: Any, *, table: str = "default") -> None:
