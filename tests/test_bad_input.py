@@ -198,7 +198,7 @@ COMMIT_CASES: list[tuple[str, dict[str, Any]]] = [
     ("table-none", {"table": None, "put": {"k": 1}}),
     ("table-bytes", {"table": b"default", "put": {"k": 1}}),
     ("table-nul", {"table": "a\x00b", "put": {"k": 1}}),
-    ("table-too-long", {"table": "t" * 201, "put": {"k": 1}}),
+    ("table-too-long", {"table": "t" * 256, "put": {"k": 1}}),
     ("table-lone-surrogate", {"table": "\ud800", "put": {"k": 1}}),
     # a key both put and deleted
     ("put-and-delete-str", {"put": {"a": 1}, "delete": ["a"]}),

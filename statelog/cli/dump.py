@@ -5,6 +5,11 @@ writer opening now would see). Plain output is one line per key,
 ``table<TAB>key<TAB>value`` with key and value as JSON (a bytes key or
 value is written as ``{"bytes": "<hex>"}``). ``--json`` writes one JSON
 object per line (``table``, ``key``, ``value``), so a large store streams.
+
+Damage in the log (a checksum mismatch, or a record that verifies but
+breaks the record schema) does not stop it: the recovered state is the
+last good commit's. A stored value that does not decode (damage past
+every check) raises ``CorruptionError``: exit 1, after the lines before it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         parents=parents,
         help="print keys and values (read-only)",
         description="Print the keys and values of the recovered state, in key order "
-        "(bytes keys before str keys). Read-only. Exit 0; 3 for an unknown --table.",
+        "(bytes keys before str keys). Read-only. Exit 0 (damage in the log: the state it "
+        "recovers to, as a read-only open sees it); 1 if a stored value does not decode "
+        "(run `statelog verify`); 3 for an unknown --table.",
     )
     p.add_argument("store", type=Path, metavar="STORE", help="the store directory")
     p.add_argument("--table", metavar="T", help="only this table (default: every table)")

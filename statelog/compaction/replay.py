@@ -7,8 +7,9 @@ against the file name, its first LSN against the fold's epoch, the writer
 generation in the header (rule H5 of ``docs/format.md``, as recovery
 applies it: not below the highest non-zero generation before it, counting
 from the last segment the base snapshot covers), then every record: it
-decodes, its epoch is the next one, each table delta has as many values
-as keys; and the SEAL names the last record's LSN. A zombie's segment (a
+decodes and keeps the record schema (:func:`~statelog.format.records.decode_record`:
+keys, table names, offsets, watermark, values), and its epoch is the next
+one; and the SEAL names the last record's LSN. A zombie's segment (a
 fenced writer's, after a takeover) is therefore damage, and never folded
 into a snapshot that recovery would then trust. Only then is the
 segment applied, in one LMDB transaction (:meth:`ImageBuilder.apply_batch`):
@@ -21,10 +22,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-import msgspec
-
 from statelog.compaction.tail import SegmentInfo, covered_generation
-from statelog.format.records import decode_record
+from statelog.format.records import RecordSchemaError, decode_record
 from statelog.log.reader import SegmentScan, StopKind, scan_segment
 from statelog.storage.fileio import FileLayer
 from statelog.storage.image import Delta, ImageBuilder
@@ -90,14 +89,11 @@ def fold_segment(
         for rec in scan.records:
             try:
                 decoded = decode_record(rec.payload)
-            except msgspec.DecodeError as exc:
-                why = f"offset {rec.offset}: verified frame holds no commit record: {exc}"
+            except RecordSchemaError as exc:
+                why = f"offset {rec.offset}: {exc.message}"
                 break
             if decoded.epoch != epoch + 1:
                 why = f"offset {rec.offset}: epoch {decoded.epoch} where {epoch + 1} was expected"
-                break
-            if any(len(t.keys) != len(t.values) for t in decoded.tables):
-                why = f"offset {rec.offset}: a table delta has more keys than values or fewer"
                 break
             deltas.extend((t.name, t.keys, t.values, t.deletes) for t in decoded.tables)
             offsets.update(decoded.offsets)

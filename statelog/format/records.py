@@ -1,4 +1,4 @@
-"""The logical records carried by WAL frames, and their msgpack codec.
+"""The logical records carried by WAL frames, their msgpack codec and their schema check.
 
 A commit record is one msgpack array (``docs/format.md``, "Commit record")::
 
@@ -9,18 +9,33 @@ Keys are msgpack ``str`` or ``bin`` and decode back to ``str`` or ``bytes``.
 Each value is itself the msgpack encoding of the user's value, stored as
 ``bin``: the live state keeps values encoded, so replay, the base snapshot
 and reads share one representation and a caller can never alias stored state.
+
+Encoding is the commit path's and checks nothing: the writer validated its
+input already (``statelog.store.validate``). Decoding is every reader's,
+and :func:`decode_record` is the one rule all of them apply: a payload
+whose frames verified but which breaks the schema (a key that is not
+``str``/``bytes`` or over :data:`~statelog.format.limits.MAX_KEY_BYTES`, a
+bad table name, an offset or watermark out of range, a value that is not
+one complete msgpack object) raises :class:`RecordSchemaError`, which each
+reader handles as it handles a checksum mismatch at that record.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
+from statelog.errors import StatelogError
+from statelog.format.limits import MAX_KEY_BYTES, key_problem, table_name_problem
+
 __all__ = [
+    "DECODE_ERRORS",
     "CommitRecord",
     "Key",
+    "RecordSchemaError",
     "TableDelta",
+    "check_record",
     "decode_record",
     "decode_value",
     "encode_record",
@@ -31,11 +46,16 @@ __all__ = [
 Key = str | bytes
 """A key: str and bytes keys are distinct and come back as the type given."""
 
+_U63 = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
+_EPOCH = Annotated[int, msgspec.Meta(ge=1, le=(1 << 63) - 1)]
+
 
 class TableDelta(msgspec.Struct, array_like=True, frozen=True):
     """Puts and deletes of one table inside a commit."""
 
     name: str
+    # Any, not Key: msgspec cannot decode a union of str and bytes, so
+    # check_record checks the types of decoded keys.
     keys: list[Any]
     values: list[bytes]
     deletes: list[Any]
@@ -44,15 +64,33 @@ class TableDelta(msgspec.Struct, array_like=True, frozen=True):
 class CommitRecord(msgspec.Struct, array_like=True, frozen=True, tag=1):
     """One atomic checkpoint: offsets, watermark and every table's delta."""
 
-    epoch: int
-    offsets: dict[str, int]
-    low_watermark_ms: int
+    epoch: _EPOCH
+    offsets: dict[str, _U63]
+    low_watermark_ms: _U63
     tables: list[TableDelta]
 
+
+class RecordSchemaError(StatelogError):
+    """A payload verified on its checksums but is not a commit record statelog could write.
+
+    Never bit rot (the checksums hold): a bug, a foreign writer or a crafted
+    file. Readers treat it as corruption at that record.
+    """
+
+    hint = (
+        "the record is treated as corruption: recovery stops at the last good commit; "
+        "run `statelog verify STORE` to see the damage"
+    )
+
+
+DECODE_ERRORS = (msgspec.DecodeError, RecursionError, TypeError, ValueError, OverflowError)
+"""What decoding untrusted msgpack may raise: malformed bytes, nesting too deep
+(msgspec raises RecursionError, not DecodeError), or a type or value it refuses."""
 
 _encoder = msgspec.msgpack.Encoder()
 _record_decoder = msgspec.msgpack.Decoder(CommitRecord)
 _value_decoder = msgspec.msgpack.Decoder()
+_KEY_TYPES = frozenset((str, bytes))
 
 encode_value = _encoder.encode
 """Encode one user value to msgpack bytes (raises TypeError/ValueError/OverflowError)."""
@@ -62,14 +100,81 @@ encode_record = _encoder.encode
 
 
 def decode_record(payload: bytes | memoryview) -> CommitRecord:
-    """Decode a payload that already passed its frame checksum.
+    """Decode a payload that already passed its frame checksum, and check it against the schema.
 
-    :raises msgspec.DecodeError: the bytes verified but are not a commit record
-        (a bug or a foreign writer, never bit-rot; callers treat it as corruption).
+    Checks, in order: the shape and types msgspec decodes against (the
+    tag, an epoch of at least 1, offsets and the watermark in
+    0..2**63-1), then :func:`check_record`. The epoch's place in the log is
+    the caller's to check.
+
+    :raises RecordSchemaError: the bytes verified but are not a commit record
+        (a bug, a foreign writer or a crafted file, never bit rot; callers
+        treat it as corruption).
     """
-    return _record_decoder.decode(payload)
+    try:
+        rec = _record_decoder.decode(payload)
+    except DECODE_ERRORS as exc:
+        raise RecordSchemaError(f"verified frame holds no commit record: {exc}") from None
+    why = check_record(rec)
+    if why is not None:
+        raise RecordSchemaError(f"verified frame breaks the commit record schema: {why}")
+    return rec
+
+
+def check_record(rec: CommitRecord) -> str | None:
+    """Why a decoded ``rec`` breaks the schema beyond what msgspec checks, or None.
+
+    Each table: a valid name (:func:`~statelog.format.limits.table_name_problem`),
+    as many values as keys, every key and deleted key exactly ``str`` or
+    ``bytes`` within :data:`~statelog.format.limits.MAX_KEY_BYTES`, and every
+    value one complete msgpack object, nested no deeper than a read can decode.
+    Never raises.
+    """
+    for i, t in enumerate(rec.tables):
+        why = table_name_problem(t.name)
+        if why is None and len(t.keys) != len(t.values):
+            why = f"{len(t.keys)} keys but {len(t.values)} values"
+        if why is None:
+            why = _keys_problem(t.keys) or _keys_problem(t.deletes) or _values_problem(t.values)
+        if why is not None:
+            return f"table delta {i}: {why}"
+    return None
+
+
+def _keys_problem(keys: list[Any]) -> str | None:
+    # Checked in C (set of types, longest length), as the commit path does;
+    # the per-key check runs only when some key may break a limit.
+    if not keys or (
+        _KEY_TYPES.issuperset(map(type, keys)) and max(map(len, keys)) <= MAX_KEY_BYTES // 4
+    ):
+        return None
+    for k in keys:
+        why = key_problem(k)
+        if why is not None:
+            return why
+    return None
+
+
+def _values_problem(values: list[bytes]) -> str | None:
+    """Why some value does not decode, or None: each is decoded as a read decodes it.
+
+    Decoding is the only complete check: a skip over the msgpack structure
+    would pass bad UTF-8, bad timestamps and unhashable map keys, which a
+    read would then trip over. The objects are dropped at once.
+    """
+    dec = _value_decoder.decode
+    try:
+        for v in values:
+            dec(v)
+    except DECODE_ERRORS as exc:
+        return f"value {values.index(v)} does not decode: {exc}"
+    return None
 
 
 def decode_value(data: bytes) -> Any:
-    """Decode one stored value back to Python objects (a fresh copy each call)."""
+    """Decode one stored value back to Python objects (a fresh copy each call).
+
+    :raises DECODE_ERRORS: ``data`` is not valid msgpack, or is nested too
+        deeply; bytes from a record or snapshot that passed its checks never do.
+    """
     return _value_decoder.decode(data)

@@ -29,10 +29,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
-
 from statelog.errors import StorageError
-from statelog.format.records import decode_record
+from statelog.format.records import RecordSchemaError, decode_record
 from statelog.format.wal import HEADER_SIZE, SEAL_FRAME_SIZE, FrameType, SegmentHeader
 from statelog.log.reader import SegmentScan, salvage_frames
 from statelog.recovery.report import Outcome, Rejection
@@ -221,7 +219,7 @@ def _salvage_epochs(
                 parts = []
                 continue
             if ftype in (FrameType.FULL, FrameType.LAST):
-                with contextlib.suppress(msgspec.DecodeError):
+                with contextlib.suppress(RecordSchemaError):
                     found.append(decode_record(b"".join(parts)).epoch)
                 parts = []
     return found

@@ -19,8 +19,10 @@ A segment whose header names a writer generation (``docs/remote.md``,
 fenced writer's segment that followed a takeover: corruption at its header
 (offset 0), handled as above. Generation 0 (no remote) is never compared.
 
-A record is applied only after its frame verified and it decoded to the
-next epoch. An ``OSError`` while reading is raised as
+A record is applied only after its frame verified, it decoded and kept the
+record schema (:func:`~statelog.format.records.decode_record`: a record that
+verifies but breaks it is corruption at that record, like a checksum
+mismatch there), and its epoch was the next one. An ``OSError`` while reading is raised as
 :class:`~statelog.errors.StorageError`: an I/O error is never taken for
 corruption, and nothing is truncated because of it.
 """
@@ -32,10 +34,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
-
 from statelog.errors import CorruptionError, ResnapshotRequired, StorageError
-from statelog.format.records import decode_record
+from statelog.format.records import RecordSchemaError, decode_record
 from statelog.log.reader import SegmentScan, StopKind, peek_generation, scan_segment
 from statelog.log.segments import list_segments
 from statelog.recovery.damage import Progress, corruption, torn_tail
@@ -233,13 +233,11 @@ def _check_and_apply(
     for rec in scan.records:
         try:
             decoded = decode_record(rec.payload)
-        except msgspec.DecodeError as exc:
-            return StopKind.CORRUPT, rec.offset, f"verified frame holds no commit record: {exc}"
+        except RecordSchemaError as exc:
+            return StopKind.CORRUPT, rec.offset, exc.message
         if decoded.epoch != state.epoch + 1:
             why = f"epoch {decoded.epoch} where {state.epoch + 1} was expected"
             return StopKind.CORRUPT, rec.offset, why
-        if any(len(t.keys) != len(t.values) for t in decoded.tables):
-            return StopKind.CORRUPT, rec.offset, "record has more keys than values or fewer"
         state.apply_record(decoded)
         prog.replayed += 1
         end.chain = rec.crc

@@ -49,7 +49,8 @@ from statelog.errors import (
     RemoteError,
     ResnapshotRequired,
 )
-from statelog.log.reader import StopKind, scan_segment
+from statelog.format.records import RecordSchemaError, decode_record
+from statelog.log.reader import SegmentScan, StopKind, scan_segment
 from statelog.recovery.readonly import recover_readonly
 from statelog.remote.checks import IDENTITY_LIMIT, store_id_of
 from statelog.remote.client import RemoteClient
@@ -277,10 +278,23 @@ def _segment_ok(
         why = scan.stop.reason
     elif (scan.sealed_lsn, scan.end_crc) != (e.last_lsn, e.end_crc):
         why = "the segment's SEAL disagrees with the manifest"
+    else:
+        why = _schema_problem(scan)
     if why is not None:
         st.remove(e)
         return _refuse(rejected, e.key, why)
     return True
+
+
+def _schema_problem(scan: SegmentScan) -> str | None:
+    """Why a record of ``scan`` breaks the commit record schema, or None: a record
+    that verifies but breaks it is damage, as a checksum mismatch there is."""
+    for rec in scan.records:
+        try:
+            decode_record(rec.payload)
+        except RecordSchemaError as exc:
+            return f"offset {rec.offset}: {exc.message}"
+    return None
 
 
 def _check_recovers(root: Path, epoch: int) -> None:

@@ -22,11 +22,18 @@ an older epoch, replays into the sink as a no-op. See ``docs/sinks.md``.
 
 from statelog.sinks.base import InvalidOutputError, Output, Row, Sink, TransactionalSink
 from statelog.sinks.postgres import PostgresSink
-from statelog.sinks.sinked import MARKS_PREFIX, SinkCommit, SinkedStore, SinkTransaction
+from statelog.sinks.sinked import (
+    MARKS_PREFIX,
+    MAX_SINK_NAME_BYTES,
+    SinkCommit,
+    SinkedStore,
+    SinkTransaction,
+)
 from statelog.sinks.sqlite import SQLiteSink
 
 __all__ = [
     "MARKS_PREFIX",
+    "MAX_SINK_NAME_BYTES",
     "InvalidOutputError",
     "Output",
     "PostgresSink",

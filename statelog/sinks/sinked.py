@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from statelog.errors import InvalidCommitError
+from statelog.format.limits import MAX_TABLE_NAME_BYTES, table_name_problem
 from statelog.sinks.base import Output, Sink, check_outputs
 from statelog.store.validate import check_key, check_watermark, table_delta
 
@@ -38,12 +39,15 @@ if TYPE_CHECKING:
     from statelog.store.store import StateStore
     from statelog.store.transaction import Transaction
 
-__all__ = ["MARKS_PREFIX", "SinkCommit", "SinkTransaction", "SinkedStore"]
+__all__ = ["MARKS_PREFIX", "MAX_SINK_NAME_BYTES", "SinkCommit", "SinkTransaction", "SinkedStore"]
 
 log = logging.getLogger("statelog.sinks")
 
 MARKS_PREFIX = "__sink__"
 """Store tables named ``__sink__:<sink name>`` hold applied marks; user tables may not use it."""
+
+MAX_SINK_NAME_BYTES = MAX_TABLE_NAME_BYTES - len(MARKS_PREFIX) - 1
+"""Longest sink name, in UTF-8 bytes: its marks table stays within the table name limit."""
 
 _EMPTY: Mapping[Any, Any] = types.MappingProxyType({})
 
@@ -71,13 +75,17 @@ class SinkedStore:
     def __init__(self, store: StateStore, sink: Sink) -> None:
         """Tie ``sink`` to ``store``; logs how far the sink is ahead (replay to come).
 
+        :raises InvalidCommitError: ``sink`` is not a :class:`Sink`, or its name
+            makes a marks table ``__sink__:<name>`` that breaks the table name
+            limits (``statelog.format.limits``: at most
+            :data:`MAX_SINK_NAME_BYTES` bytes of name).
         :raises SinkError: the sink's target cannot be read.
         """
         if not isinstance(sink, Sink):
             raise InvalidCommitError(f"{sink!r} does not implement statelog.sinks.Sink")
         self.store = store
         self.sink = sink
-        self.marks_table = f"{MARKS_PREFIX}:{sink.name}"
+        self.marks_table = _marks_table(sink.name)
         self._lock = threading.Lock()
         ahead = sink.high_epoch() - store.epoch
         if ahead > 0:
@@ -252,6 +260,20 @@ class SinkTransaction:
             except BaseException:
                 self._tx.discard()
                 raise
+
+
+def _marks_table(name: Any) -> str:
+    """``__sink__:<name>``, checked: the marks table is a table like any other."""
+    why = "a sink name must be a str" if not isinstance(name, str) else None
+    table = f"{MARKS_PREFIX}:{name}"
+    why = why or table_name_problem(table)
+    if why is not None:
+        raise InvalidCommitError(
+            f"sink name {name!r:.80} cannot name its marks table: {why}",
+            hint=f"name the sink with a non-empty str of at most {MAX_SINK_NAME_BYTES} bytes "
+            "in UTF-8, without NUL",
+        )
+    return table
 
 
 def _user_table(table: str) -> str:

@@ -23,12 +23,14 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
-from statelog.format.records import CommitRecord, Key
+from statelog.errors import CorruptionError
+from statelog.format.records import DECODE_ERRORS, CommitRecord, Key, decode_value
 from statelog.storage.image import Base, EmptyBase
 
-__all__ = ["MAX_GENERATIONS", "Generation", "Key", "LiveState"]
+__all__ = ["MAX_GENERATIONS", "Generation", "Key", "LiveState", "read_value"]
 
 MAX_GENERATIONS = 32
 """Above this many generations (a store nobody compacts) the two oldest are merged."""
@@ -236,6 +238,27 @@ class LiveState:
             last = sk
             if v is not None:
                 yield k, v
+
+
+def read_value(raw: bytes, store: Path, table: str, key: Key) -> Any:
+    """Decode a value a read found (a fresh object each call).
+
+    Every value replayed from the log was decoded once already (the record
+    schema check), so this fails only on damage that got past every check,
+    such as a crafted base image.
+
+    :raises CorruptionError: ``raw`` does not decode (malformed, nested too deeply).
+    """
+    try:
+        return decode_value(raw)
+    except DECODE_ERRORS as exc:
+        raise CorruptionError(
+            store,
+            0,
+            f"the stored value of key {key!r:.80} in table {table!r:.80} does not decode: {exc}",
+            hint=f"run `statelog verify {store}`; a damaged base is rebuilt by restoring "
+            "the store or from the source",
+        ) from None
 
 
 def _first(entry: tuple[Any, ...]) -> Any:

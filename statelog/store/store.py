@@ -42,11 +42,11 @@ from statelog.errors import (
     StorageError,
     StoreClosedError,
 )
-from statelog.format.records import CommitRecord, TableDelta, decode_value, encode_record
+from statelog.format.records import CommitRecord, TableDelta, encode_record
 from statelog.ops import metrics
 from statelog.recovery.readonly import ReadOnlyRecovery, recover_readonly
 from statelog.recovery.report import RecoveryReport
-from statelog.state.live import Key, LiveState
+from statelog.state.live import Key, LiveState, read_value
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
 from statelog.store.inproc import start_compactor
@@ -297,21 +297,26 @@ class StateStore:
         return self._state.low_watermark_ms
 
     def get(self, key: Key, default: Any = None, table: str = "default") -> Any:
-        """The value of ``key`` in ``table`` (a fresh object), or ``default``."""
+        """The value of ``key`` in ``table`` (a fresh object), or ``default``.
+
+        :raises CorruptionError: the stored value does not decode (damage past every check).
+        """
         with self._view:
             raw = self._state.get(table, key)
-        return default if raw is None else decode_value(raw)
+        return default if raw is None else read_value(raw, self.path, table, key)
 
     def items(self, table: str = "default", prefix: Key | None = None) -> Iterator[tuple[Key, Any]]:
         """``(key, value)`` pairs of ``table`` in key order (bytes keys first, then str).
 
         The pairs are taken at the call, so later commits do not show up
         mid-iteration; values are decoded as they are yielded.
+
+        :raises CorruptionError: a stored value does not decode (as :meth:`get`).
         """
         with self._view:
             pairs = list(self._state.items(table, prefix))
         for k, raw in pairs:
-            yield k, decode_value(raw)
+            yield k, read_value(raw, self.path, table, k)
 
     def count(self, table: str = "default") -> int:
         """Number of live keys in ``table``."""

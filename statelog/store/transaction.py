@@ -21,8 +21,8 @@ from statelog.store.validate import (
     ENCODE_ERRORS,
     check_key,
     check_offsets,
+    check_table_name,
     check_watermark,
-    table_delta,
 )
 
 if TYPE_CHECKING:
@@ -48,10 +48,12 @@ class Transaction:
         self._done = False
 
     def _table(self, table: str) -> dict[Key, Any]:
-        t = self._tables.get(table)
+        t = self._tables.get(table) if table.__class__ is str else None
         if t is None:
-            table_delta(table, {}, ())  # validates the name
-            t = self._tables[table] = {}
+            name = check_table_name(table)  # before hashing it: a list is no table name
+            t = self._tables.get(name)
+            if t is None:
+                t = self._tables[name] = {}
         return t
 
     def put(self, key: Key, value: Any, *, table: str = "default") -> None:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from statelog.errors import InvalidCommitError
+from statelog.format.limits import MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, table_name_problem
 from statelog.format.records import TableDelta, encode_value
 from statelog.state.live import Key
 
@@ -20,14 +21,11 @@ __all__ = [
     "MAX_KEY_BYTES",
     "check_key",
     "check_offsets",
+    "check_table_name",
     "check_watermark",
     "table_delta",
 ]
 
-MAX_KEY_BYTES = 500
-"""Longest key in bytes (UTF-8 for str). LMDB, the base level, caps keys at 511 bytes."""
-
-MAX_TABLE_NAME = 200
 _KEY_TYPES = frozenset((str, bytes))
 ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
 """What msgspec raises for a value it cannot encode (RecursionError: cycles, deep nesting)."""
@@ -76,17 +74,31 @@ def _strict_keys(keys: Iterable[Any], table: str) -> list[Key]:
     return out
 
 
+def check_table_name(name: Any) -> str:
+    """One table name, validated (limits in bytes: ``statelog.format.limits``) and made a plain str.
+
+    :raises InvalidCommitError: not a str, empty, holding NUL or a lone
+        surrogate, or over MAX_TABLE_NAME_BYTES in UTF-8.
+    """
+    if name.__class__ is not str and isinstance(name, str):
+        name = str.__str__(name)  # str subclasses (StrEnum, ...) are stored as plain str
+    why = table_name_problem(name)
+    if why is not None:
+        raise InvalidCommitError(
+            f"table name {name!r:.80} is invalid: {why}",
+            hint=f"use a non-empty str of at most {MAX_TABLE_NAME_BYTES} bytes in UTF-8, "
+            "without NUL; nothing was written",
+        )
+    return name  # type: ignore[no-any-return]
+
+
 def table_delta(name: Any, put: Mapping[Any, Any], delete: Iterable[Any]) -> TableDelta:
     """Validate and encode one table's puts and deletes.
 
     :raises InvalidCommitError: bad table name, key type or length, an
         unencodable value, or a key both put and deleted.
     """
-    if not isinstance(name, str) or not name or len(name) > MAX_TABLE_NAME or "\x00" in name:
-        raise InvalidCommitError(
-            f"table name {name!r} is invalid",
-            hint=f"use a non-empty str of at most {MAX_TABLE_NAME} characters without NUL",
-        )
+    name = check_table_name(name)
     if not isinstance(put, Mapping):
         raise InvalidCommitError(
             f"put= must be a mapping of key to value, not {type(put).__name__}"
