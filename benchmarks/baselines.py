@@ -179,12 +179,12 @@ class _KeyValue(Strategy):
         self._write(cp.put, cp)
 
     @classmethod
-    def _openmeta_bytes(cls, directory: Path) -> tuple[bytes, Callable[[], int]]:
+    def _open_meta(cls, directory: Path) -> tuple[bytes, Callable[[], int]]:
         raise NotImplementedError
 
     @classmethod
     def recover(cls, directory: Path) -> Recovered:
-        meta, count = cls._openmeta_bytes(directory)
+        meta, count = cls._open_meta(directory)
         m = DEC.decode(meta)
         return Recovered(m["offsets"], m["wm"], count, 0)
 
@@ -223,7 +223,7 @@ class Sqlite(_KeyValue):
         db.execute("COMMIT")
 
     @classmethod
-    def _openmeta_bytes(cls, directory: Path) -> tuple[bytes, Callable[[], int]]:
+    def _open_meta(cls, directory: Path) -> tuple[bytes, Callable[[], int]]:
         db = cls._connect(directory)
         meta: bytes = db.execute("SELECT doc FROM meta WHERE id = 0").fetchone()[0]
         return meta, lambda: int(db.execute("SELECT count(*) FROM kv").fetchone()[0])
@@ -250,7 +250,7 @@ class Lmdb(_KeyValue):
             txn.put(META, meta_bytes(cp, self.epoch))
 
     @classmethod
-    def _openmeta_bytes(cls, directory: Path) -> tuple[bytes, Callable[[], int]]:
+    def _open_meta(cls, directory: Path) -> tuple[bytes, Callable[[], int]]:
         env = lmdb.open(str(directory / "lmdb"), map_size=64 << 30)
         with env.begin() as txn:
             meta = txn.get(META)
@@ -288,6 +288,6 @@ class Rocks(_KeyValue):
         self.db.write(wb, self._sync)
 
     @classmethod
-    def _openmeta_bytes(cls, directory: Path) -> tuple[bytes, Callable[[], int]]:
+    def _open_meta(cls, directory: Path) -> tuple[bytes, Callable[[], int]]:
         db = cls._open(directory)
         return db[META], lambda: sum(1 for _ in db.keys()) - 1  # noqa: SIM118 (a scan)
