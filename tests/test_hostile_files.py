@@ -200,6 +200,16 @@ def test_a_path_that_cannot_name_a_directory_is_an_invalid_option(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("path", ["x\0y", 5, b"root", ""], ids=repr)
+def test_a_sharded_root_path_that_cannot_name_a_directory_is_an_invalid_option(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: Any
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidOptionError):
+        ShardedStore(path, 2)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_path_through_a_file_is_not_a_store(tmp_path: Path) -> None:
     (tmp_path / "afile").write_bytes(b"x")
     for readonly in (False, True):
