@@ -263,6 +263,22 @@ def test_a_live_pin_nested_too_deep_pins_everything(store_path: Path) -> None:
         os.close(fd)
 
 
+def test_a_base_image_stamp_nested_too_deep_is_extracted_again(store_path: Path) -> None:
+    with statelog.open(store_path, segment_bytes=8192) as store:
+        for i in range(1, 31):
+            run_commit(store, STREAM.commit(i))
+    assert compact(store_path).snapshot is not None
+    with statelog.open(store_path):
+        pass  # extracts the snapshot's image to base/ and stamps it
+    stamps = [p for p in (store_path / "base").iterdir() if not p.name.endswith(".mdb")]
+    assert stamps
+    for stamp in stamps:
+        stamp.write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    with statelog.open(store_path) as store:
+        assert store.epoch == 30
+        assert store_digest(store) == STREAM.model(30).digest()
+
+
 # -- a full disk under the compactor's image ----------------------------------------------
 
 
