@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
 import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +41,16 @@ from statelog.log.segments import list_segments
 from statelog.ops.verify import Verdict, verify_store
 from statelog.recovery.ladder import check_link
 from statelog.recovery.report import Outcome
+from statelog.remote import RemoteIntegrityError, load_record, restore, ship
 from statelog.sharding.partition import MANIFEST, expand_stores
 from statelog.sharding.sharded import ShardedStore
 from statelog.storage.fileio import FileLayer
 from statelog.storage.image import ImageBuilder
+from statelog.storage.layout import StoreLayout
 from statelog.storage.pins import ALL, PIN_DIR, pinned_names
 from statelog.storage.snapshots import SnapshotMeta, list_snapshots, verify_snapshot
 from tests.helpers import fix_crc, flip_bit, poke
+from tests.s3server import Remote, remote, s3  # noqa: F401
 
 STREAM = Stream(seed=13, blob_ratio=0.0)
 LAST = 80  # commits made; the snapshot covers about half of them
@@ -389,3 +394,65 @@ def test_a_blocked_log_handler_during_retention_does_not_block_opens(store_path:
         logger.removeHandler(handler)
         logger.setLevel(level)
     assert passes and passes[0].deleted
+
+
+# -- the same files from the bucket --------------------------------------------------------
+
+
+def _shipped(root: Path, remote: Remote) -> uuid.UUID:  # noqa: F811
+    with statelog.open(root, segment_bytes=8192) as store:
+        for i in range(1, 21):
+            run_commit(store, STREAM.commit(i))
+    ship(root, remote.url, client=remote.client())
+    return StoreLayout(root).read_identity(FileLayer())
+
+
+def _put(remote: Remote, key: str, body: bytes) -> None:  # noqa: F811
+    remote.server.boto().put_object(Bucket=remote.bucket, Key=f"shard/{key}", Body=body)  # type: ignore[attr-defined]
+
+
+def _manifest_doc(remote: Remote, sid: uuid.UUID) -> dict[str, Any]:  # noqa: F811
+    obj = remote.server.boto().get_object(Bucket=remote.bucket, Key=f"shard/{sid}/MANIFEST")  # type: ignore[attr-defined]
+    body = obj["Body"].read().rstrip(b"\n").rpartition(b"\nsha256:")[0]
+    doc: dict[str, Any] = json.loads(body)
+    return doc
+
+
+def _signed(doc: dict[str, Any], extra: bytes = b"") -> bytes:
+    body = json.dumps(doc).encode()
+    if extra:
+        body = body[:-1] + b', "x": ' + extra + b"}"
+    return body + b"\nsha256:" + hashlib.sha256(body).hexdigest().encode() + b"\n"
+
+
+def test_a_bucket_manifest_nested_too_deep_is_a_remote_integrity_error(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    sid = _shipped(tmp_path / "src", remote)
+    _put(remote, f"{sid}/MANIFEST", _signed(_manifest_doc(remote, sid), b"[" * 5000 + b"]" * 5000))
+    with pytest.raises(RemoteIntegrityError):
+        restore(remote.url, tmp_path / "dst", client=remote.client())
+    assert not (tmp_path / "dst").exists()
+
+
+def test_a_bucket_identity_nested_too_deep_without_a_hash_is_corruption(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    sid = _shipped(tmp_path / "src", remote)
+    doc = _manifest_doc(remote, sid)
+    doc["identity_sha256"] = ""
+    _put(remote, f"{sid}/MANIFEST", _signed(doc))
+    _put(remote, f"{sid}/IDENTITY", DEEP)
+    with pytest.raises(CorruptionError):
+        restore(remote.url, tmp_path / "dst", client=remote.client())
+    assert not (tmp_path / "dst").exists()
+
+
+def test_a_shipping_record_nested_too_deep_is_corruption(store_path: Path) -> None:
+    with statelog.open(store_path):
+        pass
+    (store_path / "remote.json").write_bytes(DEEP)
+    with pytest.raises(CorruptionError):
+        load_record(store_path)

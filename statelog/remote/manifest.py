@@ -127,7 +127,7 @@ def _decode(key: str, data: bytes) -> Manifest:
         raise RemoteIntegrityError(key, "manifest checksum line missing or wrong")
     try:
         m = msgspec.json.decode(body, type=Manifest)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # nesting too deep: crafted
         raise RemoteIntegrityError(key, f"manifest does not decode: {exc}") from exc
     if m.format != FORMAT:
         raise RemoteError(
