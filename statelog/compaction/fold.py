@@ -36,6 +36,7 @@ next pass (the writer leaves ``snapshots/*.tmp`` to the compactor).
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 import time
@@ -43,10 +44,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import lmdb
+
 from statelog.compaction.base import CompactionResult, Pass, fold_pass
 from statelog.compaction.lock import CompactorLock
 from statelog.compaction.retention import apply_retention
-from statelog.errors import InvalidOptionError
+from statelog.errors import InvalidOptionError, StorageError
 from statelog.events import emit
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
@@ -88,6 +91,9 @@ def compact(
     :raises StoreNotFoundError: ``store`` holds no statelog store.
     :raises CompactorLockedError: another compactor holds the store.
     :raises FormatVersionError: a segment of a newer format (nothing judged damaged).
+    :raises StorageError: LMDB could not grow the pass's image: the disk is
+        full (``errno`` ENOSPC) or the map cannot be enlarged (ENOMEM); no
+        partial snapshot is visible.
     :raises OSError: a read, write or sync failed; no partial snapshot is visible.
     """
     _check_options(min_tail_bytes, min_tail_records, retain, level)
@@ -106,7 +112,10 @@ def compact(
         )  # fmt: skip
         if progress is not None:
             p.progress = progress
-        result = _run(p, retain, started)
+        try:
+            result = _run(p, retain, started)
+        except _OUT_OF_SPACE as exc:
+            raise _image_full(root, exc) from exc
         _report(p, result)
         return result
     finally:
@@ -162,6 +171,27 @@ def _report(p: Pass, result: CompactionResult) -> None:
             bytes=result.bytes_read,
             seconds=round(result.seconds, 6),
         )
+
+
+# What LMDB raises when the pass's scratch image cannot grow: the disk is
+# full, or the map cannot be enlarged (address space, memory limits).
+_OUT_OF_SPACE = (lmdb.DiskError, lmdb.MapFullError, lmdb.MemoryError)
+
+
+def _image_full(root: Path, exc: lmdb.Error) -> StorageError:
+    """The typed error for LMDB refusing to grow the pass's scratch image."""
+    if isinstance(exc, lmdb.DiskError):
+        what, code = "ran out of disk space", errno.ENOSPC
+    elif isinstance(exc, lmdb.MemoryError):
+        what, code = "could not be mapped larger", errno.ENOMEM
+    else:
+        what, code = "reached its map size", None
+    return StorageError(
+        f"compacting {root} failed: the scratch image under {root / SCRATCH_DIR} {what}: {exc}",
+        errno=code,
+        hint="free disk space (or memory) on the compactor's host, then run the pass again; "
+        "the store is unchanged and no partial snapshot is visible",
+    )
 
 
 def _check_options(min_bytes: int, min_records: int, retain: int, level: int) -> None:

@@ -20,9 +20,13 @@ Rules (invariant 8 of docs/architecture.md):
 Durable-step order: choose what to delete (reads only, verifying every
 snapshot); then, inside :func:`statelog.storage.pins.retention_guard`, list the
 pins and unlink the unpinned files, snapshots oldest first, then segments
-oldest first, each through ``FileLayer.remove`` and logged; then fsync
-``snapshots/`` and ``wal/``. A crash in between leaves a subset deleted,
-oldest first, which is itself a valid retention state.
+oldest first, each through ``FileLayer.remove``; release the guard; fsync
+``snapshots/`` and ``wal/``; then log every deletion and emit the pass's
+``retention_delete`` event. A crash in between leaves a subset deleted,
+oldest first, which is itself a valid retention state. Nothing that can
+block (logging, whose handler may write to a full pipe; event listeners,
+the audit trail among them) runs while the guard is held, because every
+reader's :func:`~statelog.storage.pins.pin` waits for it.
 
 Verifying costs a read of every snapshot, so it runs only when the cheap
 plan (names only, assuming every snapshot verifies) finds something to
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from statelog.compaction.logfmt import LOGGER, kv
@@ -42,7 +46,7 @@ from statelog.errors import CorruptionError, FormatVersionError
 from statelog.events import emit
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import SNAPSHOT_DIR, WAL_DIR
-from statelog.storage.pins import ALL, pinned_names, retention_guard
+from statelog.storage.pins import ALL, Note, log_notes, pinned_names, retention_guard
 from statelog.storage.snapshots import SnapshotMeta, list_snapshots, verify_snapshot
 
 __all__ = ["RetentionResult", "apply_retention"]
@@ -82,46 +86,91 @@ def apply_retention(
             _say(logging.WARNING, "snapshot_unreadable", store, file=_rel(path), reason=str(exc))
     kept, old = good[:retain], good[retain:]
     doomed_segs = _covered(store, segs, kept[-1][1], store_id) if kept else []
-    deleted: list[Path] = []
-    deferred: list[Path] = []
-    gone: list[dict[str, str]] = []  # reported once per pass: one audit entry, not one per file
-    oldest = _rel(kept[-1][0]) if kept else None
-    with retention_guard(store):
-        pinned = pinned_names(store)
-        if ALL in pinned:
-            _say(logging.WARNING, "retention_deferred", store, reason="an unreadable live pin")
-            return RetentionResult(tuple(p for p, _ in kept), (), tuple(damaged))
-        for path, meta in reversed(old):
-            if _rel(path) in pinned:
-                _say(logging.INFO, "deletion_deferred", store, file=_rel(path), reason="pinned")
-                deferred.append(path)
-                continue
-            files.remove(path)
-            deleted.append(path)
-            _say(
-                logging.INFO, "deleted", store, file=_rel(path), reason="older_than_retained",
-                epoch=meta.epoch, retain=retain, oldest_kept=oldest,
-            )  # fmt: skip
-            gone.append({"file": _rel(path), "reason": "older_than_retained"})
-        for seg in doomed_segs:
-            if seg.name in pinned:
-                _say(logging.INFO, "deletion_deferred", store, file=seg.name, reason="pinned")
-                deferred.append(seg.path)
-                break  # keep the log one unbroken run
-            files.remove(seg.path)
-            deleted.append(seg.path)
-            _say(
-                logging.INFO, "deleted", store, file=seg.name, reason="covered",
-                first_lsn=seg.first_lsn, covered_by=oldest,
-            )  # fmt: skip
-            gone.append({"file": seg.name, "reason": f"covered by {oldest}"})
-    for d in {p.parent for p in deleted}:
-        files.fsync_dir(d)
+    done = _Deletions()
+    # Only the pin listing and the unlinks run under the guard: every open of
+    # the store waits for it, so nothing that can block (a log handler on a
+    # full pipe, an event listener, an audit append) may run inside it.
+    pinned: set[str] = set()
+    notes: list[Note] = []
+    try:
+        with retention_guard(store):
+            pinned = pinned_names(store, notes=notes)
+            if ALL not in pinned:
+                _delete(files, pinned, old, doomed_segs, done)
+        for d in {p.parent for p in done.deleted}:
+            files.fsync_dir(d)
+    finally:
+        # Also after a failed unlink or fsync: what went before it is gone, and said so.
+        log_notes(notes)
+        _tell(store, done, retain, oldest=_rel(kept[-1][0]) if kept else None)
+    if ALL in pinned:
+        _say(logging.WARNING, "retention_deferred", store, reason="an unreadable live pin")
+        return RetentionResult(tuple(p for p, _ in kept), (), tuple(damaged))
+    return RetentionResult(
+        tuple(p for p, _ in kept), tuple(done.deleted), tuple(damaged), tuple(done.deferred)
+    )
+
+
+@dataclass
+class _Deletions:
+    """What one pass unlinked or found pinned, in order: told once the guard is released."""
+
+    deleted: list[Path] = field(default_factory=list)
+    deferred: list[Path] = field(default_factory=list)
+    snapshots: list[tuple[Path, SnapshotMeta]] = field(default_factory=list)
+    segments: list[SegmentInfo] = field(default_factory=list)
+
+
+def _delete(
+    files: FileLayer,
+    pinned: set[str],
+    old: list[tuple[Path, SnapshotMeta]],
+    doomed_segs: list[SegmentInfo],
+    done: _Deletions,
+) -> None:
+    """Unlink what is not pinned: snapshots oldest first, then segments oldest first.
+
+    Runs inside the retention guard, so it only unlinks and records; a
+    pinned segment stops the segments there, so the log left stays one
+    unbroken run.
+
+    :raises OSError: an unlink failed; what was unlinked before stays unlinked.
+    """
+    for path, meta in reversed(old):
+        if _rel(path) in pinned:
+            done.deferred.append(path)
+            continue
+        files.remove(path)
+        done.deleted.append(path)
+        done.snapshots.append((path, meta))
+    for seg in doomed_segs:
+        if seg.name in pinned:
+            done.deferred.append(seg.path)
+            break
+        files.remove(seg.path)
+        done.deleted.append(seg.path)
+        done.segments.append(seg)
+
+
+def _tell(store: Path, done: _Deletions, retain: int, oldest: str | None) -> None:
+    """Log every deletion and deferral of the pass, then report the deletions as one event."""
+    for path in done.deferred:
+        _say(logging.INFO, "deletion_deferred", store, file=_rel(path), reason="pinned")
+    gone: list[dict[str, str]] = []  # one audit entry per pass, not one per file
+    for path, meta in done.snapshots:
+        _say(
+            logging.INFO, "deleted", store, file=_rel(path), reason="older_than_retained",
+            epoch=meta.epoch, retain=retain, oldest_kept=oldest,
+        )  # fmt: skip
+        gone.append({"file": _rel(path), "reason": "older_than_retained"})
+    for seg in done.segments:
+        _say(
+            logging.INFO, "deleted", store, file=seg.name, reason="covered",
+            first_lsn=seg.first_lsn, covered_by=oldest,
+        )  # fmt: skip
+        gone.append({"file": seg.name, "reason": f"covered by {oldest}"})
     if gone:
         emit(store, "retention_delete", files=gone, count=len(gone))
-    return RetentionResult(
-        tuple(p for p, _ in kept), tuple(deleted), tuple(damaged), tuple(deferred)
-    )
 
 
 def _may_delete(snaps: list[tuple[int, int, Path]], segs: list[SegmentInfo], retain: int) -> bool:

@@ -38,6 +38,7 @@ import crc32c
 
 from statelog.format.snapshot import FOOTER_SIZE
 from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import parse_json_doc
 from statelog.storage.snapshots import SnapshotMeta, extract_snapshot
 
 __all__ = ["STAMP_SUFFIX", "extract_stamped", "reusable_image", "stamp_of"]
@@ -148,11 +149,11 @@ def _doc(snapshot: Path, image_bytes: int, crc: int, meta: SnapshotMeta) -> byte
 
 def _load(stamp: Path) -> tuple[dict[str, Any], SnapshotMeta] | None:
     try:
-        outer = json.loads(stamp.read_bytes())
+        outer = parse_json_doc(stamp.read_bytes())
         raw = outer["body"]
         if crc32c.crc32c(raw.encode()) != outer["crc"]:
             return None
-        doc = json.loads(raw)
+        doc = parse_json_doc(raw.encode())
         m = doc["meta"]
         meta = SnapshotMeta(
             uuid.UUID(m["store_id"]), m["epoch"], m["lsn"], m["chain"], dict(m["offsets"]),

@@ -3,12 +3,13 @@
 On open, snapshots in ``STORE/snapshots/`` are tried newest first. One is
 used only if its SHA-256 verifies (on this read, not at write time) and it
 links to the log: the first segment after its LSN starts at LSN + 1 and its
-header's ``prev_crc`` equals the snapshot's ``chain``. A snapshot that fails
-either check is logged at ERROR, listed in ``RecoveryReport.rejected`` with
-the reason, left in place as evidence, and recovery walks back to the next
-older one, replaying more of the log. With no snapshot left, the log must
-reach back to epoch 1; if it does not, :class:`ResnapshotRequired` names
-every file tried and why it was refused.
+header's ``prev_crc`` equals the snapshot's ``chain`` (a damaged header on
+that segment is the log's damage, not a broken link: see :func:`check_link`).
+A snapshot that fails either check is logged at ERROR, listed in
+``RecoveryReport.rejected`` with the reason, left in place as evidence, and
+recovery walks back to the next older one, replaying more of the log. With
+no snapshot left, the log must reach back to epoch 1; if it does not,
+:class:`ResnapshotRequired` names every file tried and why it was refused.
 
 The chosen snapshot's LMDB image is extracted to ``STORE/base/`` (a
 derived cache, rebuilt on every open) under a fresh name, and memory-mapped
@@ -22,15 +23,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import secrets
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import BinaryIO
 
 from statelog.errors import CorruptionError, FormatVersionError, ResnapshotRequired
 from statelog.events import emit
-from statelog.format.wal import HEADER_SIZE, SegmentHeader
+from statelog.format.wal import (
+    FRAME_HEADER,
+    FRAME_HEADER_SIZE,
+    HEADER_SIZE,
+    SegmentHeader,
+    frame_crc,
+)
 from statelog.log.reader import peek_seal
 from statelog.log.segments import list_segments
 from statelog.recovery.image_cache import extract_stamped, reusable_image, stamp_of
@@ -64,6 +73,13 @@ def check_link(wal_dir: Path, meta: SnapshotMeta) -> str | None:
     The first segment after the snapshot's LSN must start at LSN + 1 with a
     header chained to the snapshot's ``chain``. No segment after it is fine:
     the log ends at the snapshot (retention removed what it covers).
+
+    A segment named for LSN + 1 whose header does not verify is the log's
+    next segment, damaged: it links unless its first frame verifies and
+    chains to another value. The damage is then the log replay's to judge
+    (it stops at the snapshot and reports what it loses); refusing the
+    snapshot instead would leave no restore point once retention removed the
+    log it covers.
     """
     try:
         segments = list_segments(wal_dir)
@@ -85,12 +101,34 @@ def check_link(wal_dir: Path, meta: SnapshotMeta) -> str | None:
         return f"the log continues at LSN {first_lsn}, not {meta.lsn + 1}"
     with open(path, "rb") as fh:
         head = fh.read(HEADER_SIZE)
-    if not SegmentHeader.crc_ok(head):
-        return f"{path.name} has a damaged header"
+        if not SegmentHeader.crc_ok(head):
+            return _first_frame_link(fh, path.name, meta.chain)
     prev = SegmentHeader.unpack(head).prev_crc
     if prev != meta.chain:
         return f"{path.name} links to {prev:#010x}, the snapshot ends at {meta.chain:#010x}"
     return None
+
+
+def _first_frame_link(fh: BinaryIO, name: str, chain: int) -> str | None:
+    """Why a segment with a damaged header does not continue ``chain`` (None: it may).
+
+    Only a first frame that verifies on its own can contradict the link (its
+    ``prev`` is the header's ``prev_crc``); a length field is trusted only as
+    far as the file reaches, so damage never sizes the read.
+    """
+    size = os.fstat(fh.fileno()).st_size
+    fh.seek(HEADER_SIZE)
+    head = fh.read(FRAME_HEADER_SIZE)
+    if len(head) < FRAME_HEADER_SIZE:
+        return None
+    crc, length, _type, _pad, _reserved, prev = FRAME_HEADER.unpack(head)
+    if length > size - HEADER_SIZE - FRAME_HEADER_SIZE:
+        return None
+    if frame_crc(head[4:], fh.read(length)) != crc or prev == chain:
+        return None
+    return (
+        f"{name} has a damaged header and its first frame links to {prev:#010x}, not {chain:#010x}"
+    )
 
 
 def install_snapshot(

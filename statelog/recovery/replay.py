@@ -189,6 +189,11 @@ def _replay(
             # continues from the one before.
             end.sequence = scan.header.sequence
             end.unsealed = path if scan.sealed_lsn is None else None
+        elif repair and offset == 0 and not end.sequence:
+            # The first segment after a snapshot went aside whole and retention
+            # left nothing before it: the new one takes its place in the
+            # sequence, so sequence numbers never restart at 1 mid-log.
+            end.sequence = seq - 1
         break
 
 

@@ -143,7 +143,7 @@ def _decode(key: str, data: bytes, secret: bytes | None) -> Manifest:
         raise RemoteIntegrityError(key, "manifest checksum line missing or wrong")
     try:
         m = msgspec.json.decode(body, type=Manifest)
-    except (msgspec.DecodeError, RecursionError) as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # nesting too deep: crafted
         raise RemoteIntegrityError(key, f"manifest does not decode: {exc}") from exc
     if m.format != FORMAT:
         raise RemoteError(

@@ -30,6 +30,7 @@ from statelog.remote.checks import PIN_LIMIT
 from statelog.remote.client import RemoteClient
 from statelog.remote.errors import RemoteIntegrityError, RemoteNotFoundError
 from statelog.remote.url import StoreKeys
+from statelog.storage.layout import parse_json_doc
 
 __all__ = ["ALL", "CLOCK_SKEW", "RemotePin", "live_pinned_keys", "remote_pin"]
 
@@ -98,7 +99,7 @@ def live_pinned_keys(
     pinned: set[str] = set()
     for key, _size in client.list_objects(StoreKeys(store_id).pins):
         try:
-            doc = json.loads(client.get(key, limit=PIN_LIMIT).data)
+            doc = parse_json_doc(client.get(key, limit=PIN_LIMIT).data)
             expires = int(doc["expires_ms"])
             names = [str(k) for k in doc["keys"]]
         except RemoteNotFoundError:

@@ -79,7 +79,7 @@ def load_record(store: Path, files: FileLayer | None = None) -> ShipRecord | Non
         return None
     try:
         return msgspec.json.decode(raw, type=ShipRecord)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # nesting too deep: not ours
         raise CorruptionError(
             path,
             0,

@@ -23,6 +23,8 @@ import bisect
 import hashlib
 import itertools
 import json
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,6 +40,7 @@ from statelog.errors import (
     StorageError,
 )
 from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import parse_json_doc
 
 __all__ = [
     "MANIFEST",
@@ -58,6 +61,9 @@ MANIFEST = "SHARDS"
 MANIFEST_VERSION = 1
 MAX_SHARDS = 9999  # shard directories are named with four digits
 _KIND = "statelog-shards"
+# 9,998 boundaries of up to 500 key bytes, each escaped up to 6 characters a byte.
+_MAX_MANIFEST_BYTES = 64 << 20
+_HINT = "restore SHARDS from a backup of this root; nothing was changed"
 HASH_SCHEME = "blake2b64-tagged"
 """Named in the manifest so that a future scheme is refused, never silently mixed."""
 _KEY_PERSON = b"statelog.key"
@@ -231,12 +237,14 @@ class ShardManifest:
         :raises CorruptionError: not a statelog shard manifest, or inconsistent.
         """
         try:
-            doc = json.loads(raw)
+            doc = parse_json_doc(raw, max_bytes=_MAX_MANIFEST_BYTES)
             kind, version = doc["kind"], doc["version"]
         except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptionError(path, 0, f"unreadable shard manifest: {exc}") from exc
+            raise CorruptionError(path, 0, f"unreadable shard manifest: {exc}", hint=_HINT) from exc
         if kind != _KIND or not isinstance(version, int) or isinstance(version, bool):
-            raise CorruptionError(path, 0, f"not a statelog shard manifest: {doc!r:.200}")
+            raise CorruptionError(
+                path, 0, f"not a statelog shard manifest: {doc!r:.200}", hint=_HINT
+            )
         if version != MANIFEST_VERSION:
             raise FormatVersionError(path, version, MANIFEST_VERSION)
         try:
@@ -248,7 +256,9 @@ class ShardManifest:
             ]
             return cls.build(doc["shards"], doc["partition"], keys or None)
         except (ValueError, KeyError, TypeError, AttributeError, InvalidOptionError) as exc:
-            raise CorruptionError(path, 0, f"inconsistent shard manifest: {exc}") from exc
+            raise CorruptionError(
+                path, 0, f"inconsistent shard manifest: {exc}", hint=_HINT
+            ) from exc
 
 
 def read_manifest(root: Path, files: FileLayer | None = None) -> ShardManifest | None:
@@ -265,7 +275,36 @@ def read_manifest(root: Path, files: FileLayer | None = None) -> ShardManifest |
         return None
     except OSError as exc:
         raise StorageError(f"reading {path} failed: {exc}", errno=exc.errno) from exc
-    return ShardManifest.decode(path, raw)
+    manifest = ShardManifest.decode(path, raw)
+    _check_no_extra_shards(root, path, manifest.shards)
+    return manifest
+
+
+_SHARD_DIR = re.compile(r"shard-(\d{4})")
+
+
+def _check_no_extra_shards(root: Path, path: Path, shards: int) -> None:
+    """Refuse a manifest naming fewer shards than the root holds directories for.
+
+    Opening it would hide the keys of the shards beyond the count and route
+    new commits by the wrong count; the count never changes after creation.
+
+    :raises CorruptionError: a ``shard-NNNN`` directory at or past ``shards``.
+    :raises StorageError: the root could not be listed.
+    """
+    try:
+        names = [e.name for e in os.scandir(root) if e.is_dir()]
+    except OSError as exc:
+        raise StorageError(f"listing {root} failed: {exc}", errno=exc.errno) from exc
+    extra = sorted(n for n in names if (m := _SHARD_DIR.fullmatch(n)) and int(m[1]) >= shards)
+    if extra:
+        raise CorruptionError(
+            path,
+            0,
+            f"names {shards} shard(s) but {len(extra)} more shard director"
+            f"{'y' if len(extra) == 1 else 'ies'} exist: {', '.join(extra[:5])}",
+            hint="the shard count never changes after creation: " + _HINT,
+        )
 
 
 def write_manifest(root: Path, manifest: ShardManifest, files: FileLayer) -> Path:

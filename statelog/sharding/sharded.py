@@ -52,6 +52,7 @@ from statelog.sharding.partition import (
 )
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import IDENTITY
+from statelog.store.options import check_store_path
 from statelog.store.store import StateStore
 from statelog.store.store import open as open_store
 
@@ -110,7 +111,8 @@ class ShardedStore(ShardAccess):
             listed in :attr:`failures`; the other shards open normally.
         :param store_options: passed to ``statelog.open`` for every shard
             (``durability``, ``strict``, ``readonly``, ``segment_bytes``, ...).
-        :raises InvalidOptionError: bad parameters or options; nothing was changed.
+        :raises InvalidOptionError: bad parameters or options, or a ``root`` that
+            cannot name a directory; nothing was changed.
         :raises ShardMismatchError: parameters other than the manifest's; nothing was changed.
         :raises NotAStoreError: ``root`` holds something that is not a sharded root.
         :raises StoreNotFoundError: ``readonly=True`` and no sharded root at ``root``.
@@ -123,7 +125,7 @@ class ShardedStore(ShardAccess):
         if on_failure not in ("raise", "report"):
             raise InvalidOptionError(f"on_failure={on_failure!r}", hint="use 'raise' or 'report'")
         check_store_options(store_options)
-        self.root = Path(root)
+        self.root = check_store_path(root)
         self.readonly: bool = store_options.get("readonly", False)
         self._options = dict(store_options)
         self._files: FileLayer = store_options.get("file_layer") or FileLayer()

@@ -17,10 +17,12 @@ suffixes; ``docs/format.md`` specifies every file.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from statelog.errors import (
     CorruptionError,
@@ -32,7 +34,15 @@ from statelog.errors import (
 from statelog.format.wal import HEADER_SIZE, SegmentHeader, parse_segment_name, segment_name
 from statelog.storage.fileio import FileLayer
 
-__all__ = ["IDENTITY", "SNAPSHOT_DIR", "WAL_DIR", "StoreLayout"]
+__all__ = [
+    "IDENTITY",
+    "MAX_JSON_BYTES",
+    "MAX_JSON_DEPTH",
+    "SNAPSHOT_DIR",
+    "WAL_DIR",
+    "StoreLayout",
+    "parse_json_doc",
+]
 
 IDENTITY = "IDENTITY"
 WAL_DIR = "wal"
@@ -62,6 +72,45 @@ _KNOWN_PREFIXES = ("AUDIT.log.broken",)
 _KIND = "statelog-store"
 STORE_VERSION = 1
 """Version of the directory layout and IDENTITY; segments carry their own format version."""
+_IDENTITY_HINT = (
+    "restore IDENTITY from a backup of this store (it never changes after creation); "
+    "nothing was changed"
+)
+MAX_JSON_BYTES = 1 << 20
+"""The largest small JSON file statelog parses (``IDENTITY``, ``SHARDS``, a pin)."""
+MAX_JSON_DEPTH = 16
+"""The deepest nesting of such a file; statelog's own nest at most 3 deep."""
+
+# A JSON string (escapes included), and the brackets left outside strings.
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_JSON_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def parse_json_doc(raw: bytes, *, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
+    """The JSON object in ``raw``: one of statelog's small files, written by anyone.
+
+    Its size and nesting are checked before it is parsed, so a crafted file
+    never drives the parser's recursion (``RecursionError``) or memory.
+
+    :param max_bytes: the largest file accepted (``SHARDS`` lists up to 9,998
+        boundary keys, so it allows more than the default).
+    :raises ValueError: more than ``max_bytes``, nested deeper than
+        :data:`MAX_JSON_DEPTH`, not UTF-8 JSON, or not an object.
+    """
+    if len(raw) > max_bytes:
+        raise ValueError(f"{len(raw)} bytes, more than the {max_bytes} allowed")
+    depth = 0
+    for m in _JSON_BRACKET.finditer(_JSON_STRING.sub(b"", raw)):
+        depth += 1 if m.group() in (b"[", b"{") else -1
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"nested more than {MAX_JSON_DEPTH} deep")
+    try:
+        doc = json.loads(raw)
+    except RecursionError as exc:  # a second guard: the scan above bounds the depth
+        raise ValueError("nested too deep") from exc
+    if not isinstance(doc, dict):
+        raise ValueError(f"a JSON {type(doc).__name__}, not an object")
+    return doc
 
 
 @dataclass(frozen=True)
@@ -129,12 +178,16 @@ class StoreLayout:
         except OSError as exc:
             raise StorageError(f"reading {self.identity} failed: {exc}", errno=exc.errno) from exc
         try:
-            doc = json.loads(raw)
+            doc = parse_json_doc(raw)
             kind, version, sid = doc["kind"], doc["version"], uuid.UUID(doc["store_id"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CorruptionError(self.identity, 0, f"unreadable identity file: {exc}") from exc
+            raise CorruptionError(
+                self.identity, 0, f"unreadable identity file: {exc}", hint=_IDENTITY_HINT
+            ) from exc
         if kind != _KIND or not isinstance(version, int) or isinstance(version, bool):
-            raise CorruptionError(self.identity, 0, f"not a statelog identity: {doc!r:.200}")
+            raise CorruptionError(
+                self.identity, 0, f"not a statelog identity: {doc!r:.200}", hint=_IDENTITY_HINT
+            )
         if version != STORE_VERSION:
             raise FormatVersionError(self.identity, version, STORE_VERSION)
         return sid

@@ -50,7 +50,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
-__all__ = ["ALL", "PIN_DIR", "Pin", "pin", "pinned_names", "retention_guard"]
+from statelog.storage.layout import parse_json_doc
+
+__all__ = [
+    "ALL",
+    "PIN_DIR",
+    "Note",
+    "Pin",
+    "log_notes",
+    "pin",
+    "pinned_names",
+    "retention_guard",
+]
 
 log = logging.getLogger("statelog.storage.pins")
 
@@ -160,7 +171,17 @@ def _lock_is_free(fd: int) -> bool:
     return True
 
 
-def pinned_names(store: Path) -> set[str]:
+Note = tuple[int, str, tuple[object, ...]]
+"""A log record kept for later: ``(level, format, args)``."""
+
+
+def log_notes(notes: Iterable[Note]) -> None:
+    """Log the records :func:`pinned_names` kept in ``notes``, in order."""
+    for level, fmt, args in notes:
+        log.log(level, fmt, *args)
+
+
+def pinned_names(store: Path, *, notes: list[Note] | None = None) -> set[str]:
     """Names pinned by every live pin of ``store`` (an empty set if there is none).
 
     A pin is live while its flock is held. A pin file whose lock is free
@@ -169,8 +190,19 @@ def pinned_names(store: Path) -> set[str]:
     whose JSON cannot be read makes the result contain :data:`ALL`, so a
     deleter that honours pins deletes nothing.
 
+    :param notes: keep the log records here instead of logging them: a
+        caller inside :func:`retention_guard` logs them (:func:`log_notes`)
+        once it is released, since a log handler may block and every pin
+        waits for the guard.
     :raises OSError: the pins directory exists but cannot be read.
     """
+
+    def say(level: int, fmt: str, *args: object) -> None:
+        if notes is None:
+            log.log(level, fmt, *args)
+        else:
+            notes.append((level, fmt, args))
+
     d = store / PIN_DIR
     try:
         entries = sorted(d.iterdir())
@@ -192,15 +224,15 @@ def pinned_names(store: Path) -> set[str]:
                 if not tmp or time.time() - os.fstat(fd).st_mtime > _TMP_GRACE:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(p)
-                    log.info("event=stale_pin_removed pin=%s", p.name)
+                    say(logging.INFO, "event=stale_pin_removed pin=%s", p.name)
                 continue
             if tmp:
                 continue  # being created: it becomes visible under the guard
             try:
-                doc = json.loads(os.pread(fd, 1 << 20, 0))
+                doc = parse_json_doc(os.pread(fd, 1 << 20, 0))
                 names.update(_normalise(n) for n in doc["files"])
             except (ValueError, KeyError, TypeError) as exc:
-                log.error("event=unreadable_pin pin=%s reason=%r", p.name, str(exc))
+                say(logging.ERROR, "event=unreadable_pin pin=%s reason=%r", p.name, str(exc))
                 names.add(ALL)
         finally:
             os.close(fd)

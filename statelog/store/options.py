@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Literal
 
 from statelog.errors import InvalidOptionError
@@ -27,6 +29,7 @@ __all__ = [
     "check_compactor_options",
     "check_remote_options",
     "check_sizes",
+    "check_store_path",
     "resolve_options",
 ]
 
@@ -206,6 +209,34 @@ def check_compactor_options(
             f"min_tail_bytes={min_tail_bytes!r} retain={retain!r}",
             hint="min_tail_bytes >= 0 and retain >= 1",
         )
+
+
+def check_store_path(path: Any) -> Path:
+    """``path`` as a :class:`~pathlib.Path`, if it can name a store directory.
+
+    A str or an ``os.PathLike`` of str, not empty, without a NUL byte (which
+    no system call accepts). ``bytes`` paths are refused: every name the
+    store derives from its path is text.
+
+    :raises InvalidOptionError: any other path; nothing was touched.
+    """
+    if not isinstance(path, str | os.PathLike):
+        raise InvalidOptionError(
+            f"path={path!r}: a {type(path).__name__}, not a str or os.PathLike",
+            hint="pass the store's directory as a str or a pathlib.Path; nothing was changed",
+        )
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise InvalidOptionError(
+            f"path={path!r}: a bytes path",
+            hint="pass the store's directory as a str or a pathlib.Path; nothing was changed",
+        )
+    if not text or "\0" in text:
+        raise InvalidOptionError(
+            f"path={text!r} is empty or holds a NUL byte",
+            hint="no file name can be empty or hold NUL; nothing was changed",
+        )
+    return Path(text)
 
 
 def check_remote_options(remote: Any, interval: Any, readonly: Any, compactor: Any) -> None:

@@ -50,7 +50,7 @@ from statelog.state.live import Key, LiveState, read_value
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
 from statelog.store.inproc import start_compactor
-from statelog.store.options import Durability, StoreOptions, resolve_options
+from statelog.store.options import Durability, StoreOptions, check_store_path, resolve_options
 from statelog.store.transaction import Transaction
 from statelog.store.validate import ENCODE_ERRORS, check_offsets, check_watermark, table_delta
 from statelog.store.writer import StoreWriter
@@ -96,7 +96,9 @@ class StateStore:
         in-process compactor, if any (closing the store again if that fails).
 
         :raises InvalidOptionError: an unknown or bad option, or both
-            ``options=`` and keywords; nothing was touched.
+            ``options=`` and keywords, or a ``path`` that cannot name a
+            directory (not a str or ``os.PathLike`` of str, empty, or with a
+            NUL byte); nothing was touched.
         :raises RemoteConfigError: ``remote`` is not a usable URL or environment.
         :raises StoreNotFoundError: read-only, and ``path`` holds no store.
         :raises StoreLockedError: another writer has the store open.
@@ -107,9 +109,9 @@ class StateStore:
         :raises FormatVersionError: files of a newer format.
         :raises StorageError: an I/O error while reading or creating files.
         """
+        self.path = check_store_path(path)
         opts = resolve_options(options, kwargs)
         metrics.install()  # before recovery, so the recovery's events are counted
-        self.path = Path(path)
         self.readonly = opts.readonly
         self._options = opts
         self._lock = threading.Lock()  # serialises commits and close
