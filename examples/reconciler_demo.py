@@ -100,20 +100,22 @@ def crash_run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
             paused = len(kills) == 3
             if paused:
                 # Bit rot in the newest snapshot: the restart must walk back past it.
-                daemon.send_signal(signal.SIGSTOP)  # no new snapshot meanwhile
+                # The daemon stops first (SIGTERM ends its pass cleanly), so no new
+                # snapshot hides the damaged one; a fresh daemon starts afterwards.
+                daemon.send_signal(signal.SIGTERM)
+                daemon.wait(timeout=60)
                 damaged = _damage_newest_snapshot(store)
             child = start_reconciler(a, store, sink, stats)
             if paused:
                 try:
                     _wait_for_start(stats, len(kills) + 1, child)
                 finally:
-                    daemon.send_signal(signal.SIGCONT)
+                    daemon = start_daemon(store)
         if child.wait(timeout=600) != 0:
             raise SystemExit(f"the reconciler failed with exit status {child.returncode}")
     finally:
         if child.poll() is None:
             child.kill()
-        daemon.send_signal(signal.SIGCONT)  # a stopped process would not act on SIGTERM
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)
     starts = [json.loads(line) for line in stats.read_text().splitlines()]
