@@ -47,6 +47,8 @@ class Sizes:
     daemon_checkpoints: int
     remote_keys: int
     remote_seconds: float
+    build_keys: tuple[int, ...]
+    """State sizes of the base image built from a snapshot (``bench_snapshot_build.py``)."""
 
 
 # fmt: off
@@ -56,6 +58,7 @@ SIZES = {
         tradeoff_keys=(1000,), fractions=(0.01,), budget=0.01, max_checkpoints=2, settle=0.1,
         restart_keys=300, restart_history=100, restart_tail=50, repeats=1, memory_keys=(300,),
         daemon_keys=300, daemon_checkpoints=3, remote_keys=2000, remote_seconds=1.0,
+        build_keys=(2_000,),
     ),
     "quick": Sizes(
         commit_keys=(10_000, 100_000), commit_updates=10_000, rounds=20, json_rounds=5,
@@ -63,6 +66,7 @@ SIZES = {
         max_checkpoints=20, settle=1.0, restart_keys=100_000, restart_history=500_000,
         restart_tail=10_000, repeats=3, memory_keys=(100_000,), daemon_keys=100_000,
         daemon_checkpoints=40, remote_keys=100_000, remote_seconds=5.0,
+        build_keys=(100_000, 1_000_000),
     ),
     "full": Sizes(
         commit_keys=(10_000, 100_000, 1_000_000), commit_updates=10_000, rounds=50,
@@ -70,7 +74,7 @@ SIZES = {
         fractions=(0.001, 0.01, 0.1), budget=8.0, max_checkpoints=100, settle=15.0,
         restart_keys=1_000_000, restart_history=5_000_000, restart_tail=100_000, repeats=3,
         memory_keys=(1_000_000, 10_000_000), daemon_keys=1_000_000, daemon_checkpoints=60,
-        remote_keys=1_000_000, remote_seconds=10.0,
+        remote_keys=1_000_000, remote_seconds=10.0, build_keys=(1_000_000, 10_000_000),
     ),
 }
 # fmt: on

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from statistics import median
-from typing import Any
 
 from .conftest import size_id
 from .plots import plots
 from .probe import percentile
+from .render_build import build_section
+from .render_text import Doc, ms, rate, ratio, size, table
+from .render_text import suite as _suite
 from .strategies import DESCRIPTIONS
 
 __all__ = ["KEEP_END", "KEEP_START", "main", "phase_stats", "render"]
@@ -34,44 +35,11 @@ RESTORES = {"snapshot": "(a) statelog: newest snapshot + log tail"}
 RESTORES["replay"] = "(b) statelog: the whole log replayed, no snapshot"
 RESTORES["json"] = "(c) JSON snapshot: read, sha256, json.loads"
 
-Doc = dict[str, Any]
-
-
-def _suite(doc: Doc, name: str) -> list[Doc]:
-    runs = [{**b["extra_info"], "stats": b["stats"]} for b in doc["benchmarks"]]
-    return [r for r in runs if r.get("suite") == name]
-
-
-def ms(seconds: float) -> str:
-    v = seconds * 1000
-    return "-" if math.isnan(v) else f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
-
-
-def size(n: float) -> str:
-    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-        if n >= unit:
-            return f"{n / unit:.1f} {name}"
-    return f"{n:.0f} B"
-
-
-def rate(n: float) -> str:
-    return f"{n / 1e6:.2f} M/s" if n >= 1e6 else f"{n / 1e3:.1f} k/s" if n >= 1e3 else f"{n:.0f}/s"
-
-
-def ratio(a: float, b: float) -> float:
-    return a / b if b > 0 else float("inf")
-
 
 def verdict(wall: float, cpu: float, goal: float) -> str:
     """*met* when the wall and CPU ratios both reach ``goal``, *missed* when neither does."""
     ok = [r >= goal for r in (wall, cpu)]
     return "**met**" if all(ok) else "**missed**" if not any(ok) else "**inconclusive**"
-
-
-def table(head: str, rows: Iterable[str], align: str) -> str:
-    """A markdown table from ``" | "``-separated cells; ``align``: ``l`` or ``r`` per column."""
-    marks = "|".join("---:" if a == "r" else "---" for a in align)
-    return "\n".join([f"| {head} |", f"|{marks}|", *(f"| {row} |" for row in rows)])
 
 
 def phase_stats(phase: Doc) -> Doc:
@@ -360,7 +328,7 @@ def render(doc: Doc, out_dir: Path, kept: str = "") -> str:
     ]
     for section in (targets_section, tradeoff_section, commit_section, restart_section):
         out += section(doc)
-    for section in (compaction_section, memory_section, remote_section):
+    for section in (compaction_section, memory_section, remote_section, build_section):
         out += section(doc)
     cells = _cells(doc)
     series = {

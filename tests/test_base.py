@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 
@@ -181,10 +182,13 @@ def test_builder_adds_tables_past_max_tables(tmp_path: Path) -> None:
         assert base.get("t8", "k") == encode_value(8)
 
 
-def test_open_copy_then_deletes_and_puts(image: Path, tmp_path: Path) -> None:
+def test_adopt_a_copy_then_deletes_and_puts(image: Path, tmp_path: Path) -> None:
     before = image.read_bytes()
+    with pytest.raises(FileNotFoundError):
+        ImageBuilder.adopt(tmp_path / "absent.mdb")
     with BaseLevel(image) as base:  # the source may be mapped meanwhile
-        builder = ImageBuilder.open_copy(image, tmp_path / "work2.mdb", max_tables=1)
+        shutil.copyfile(image, tmp_path / "work2.mdb")  # a finished image copies without a lock
+        builder = ImageBuilder.adopt(tmp_path / "work2.mdb", max_tables=1)
         builder.apply("default", ["a", b"new"], [encode_value(9), encode_value(10)], [b"a", "b"])
         builder.apply("empty-later", [], [], ["gone"])
         builder.apply_batch(

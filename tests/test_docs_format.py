@@ -27,9 +27,11 @@ from typing import Any
 import crc32c
 import msgspec
 import pytest
+import zstandard
 
 import statelog
 from statelog.format import audit as audit_format
+from statelog.format import stream as stream_format
 from statelog.format import wal
 from statelog.format.records import (
     CommitRecord,
@@ -542,7 +544,34 @@ def test_the_snapshot_field_tables_match_the_dump() -> None:
     digest = re.search(r"`([0-9a-f]{64})`", footer[0]["Field"])
     assert digest is not None and bytes.fromhex(digest.group(1)) == doc[-40:-8]
     meta = msgspec.msgpack.decode(doc[64 : 64 + meta_len])
-    assert meta["image_bytes"] == 16384 and meta["compression"] == "zstd"
+    assert meta["body_bytes"] == 43 and meta["compression"] == "zstd"
+
+
+def test_the_record_stream_tables_are_the_codes() -> None:
+    rows = marked_table(FORMAT, "stream-chunk")
+    expected = {"kind": int.from_bytes(stream_format.PUTS), "length": 9}
+    chunk = stream_format.encode_puts([b"\x01k"], [encode_value("v")])
+    _check_layout_rows("stream-chunk", rows, chunk, expected, total=stream_format.CHUNK_HEADER_SIZE)
+    kinds = {cell_code(r["Kind"]): r["Kind"] for r in marked_table(FORMAT, "stream-kinds")}
+    code = [stream_format.TABLE, stream_format.PUTS, stream_format.END, stream_format.DELETES]
+    assert list(kinds) == [k.decode() for k in code]
+    for kind, cell in kinds.items():
+        assert f"(0x{ord(kind):02x})" in cell
+
+
+def test_the_example_body_is_a_stream_the_checker_accepts() -> None:
+    doc = hex_dump_bytes(marked_block(FORMAT, "snapshot-xxd"))
+    meta_len, body_len = struct.unpack_from("<IQ", doc, 52)
+    body = doc[64 + meta_len : 64 + meta_len + body_len]
+    stream = zstandard.ZstdDecompressor().decompressobj().decompress(body)
+    assert stream == doc[173:216]  # the raw block the body table walks through
+    checker = stream_format.StreamChecker()
+    chunks = list(checker.feed(stream))
+    checker.finish()
+    assert [(c.table, c.keys, [bytes(v) for v in c.values]) for c in chunks] == [
+        ("default", [b"\x01k"], [encode_value("v")])
+    ]
+    assert checker.counts == {"default": 1} and len(stream) == 43
 
 
 def test_the_snapshot_reader_prints_what_the_document_says(example_dir: Path) -> None:

@@ -1,4 +1,4 @@
-"""Reusing an extracted base image across restarts (``statelog.recovery.image_cache``).
+"""Reusing an extracted base image across restarts (``statelog.storage.image_cache``).
 
 | what the restart finds in ``base/``                | expected                                 |
 |----------------------------------------------------|------------------------------------------|
@@ -20,7 +20,7 @@ import pytest
 
 import statelog
 from statelog.compaction.fold import compact
-from statelog.recovery.image_cache import STAMP_SUFFIX
+from statelog.storage.image_cache import STAMP_SUFFIX
 from tests.helpers import build_store, flip_bit, model_at, simple_commits, snapshot_of
 
 

@@ -2,7 +2,7 @@
 
 | snapshots found                             | expected                                  |
 |---------------------------------------------|-------------------------------------------|
-| one that verifies and links                 | used; only the log after it is replayed   |
+| one that verifies and links (format 2 or 1) | used; only the log after it is replayed   |
 | newest damaged (header, meta, body, footer) | rejected, kept; older one, longer replay  |
 | newest does not link to the log (chain)     | rejected; walk back                       |
 | all damaged, early log still there          | full replay from epoch 1; all rejected    |
@@ -33,9 +33,12 @@ from tests.helpers import build_store, flip_bit, model_at, simple_commits, snaps
 
 
 def make_snapshot(
-    store: Path, upto_segment: int | None = None, *, chain: int | None = None
+    store: Path, upto_segment: int | None = None, *, chain: int | None = None, version: int = 2
 ) -> Path:
-    """Snapshot the state at the end of sealed segment ``upto_segment`` (default: the last)."""
+    """Snapshot the state at the end of sealed segment ``upto_segment`` (default: the last).
+
+    ``version=1`` writes the format an older store holds (the body a raw LMDB image).
+    """
     segs = list_segments(store / "wal")
     if upto_segment is not None:
         segs = [s for s in segs if s[0] <= upto_segment]
@@ -65,15 +68,25 @@ def make_snapshot(
             offsets=ro.offsets,
             low_watermark_ms=ro.low_watermark_ms,
             tables={t: ro.count(t) for t in ro.tables()},
-            image_bytes=size,
+            body_bytes=size,
             created_ms=0,
         )
-    return write_snapshot(FileLayer(), store / "snapshots", meta, image, level=1)
+    path, written = write_snapshot(
+        FileLayer(), store / "snapshots", meta, image, level=1, version=version
+    )
+    assert written.tables == {t: n for t, n in meta.tables.items() if n}
+    if version == 1:
+        assert written.body_bytes == size  # the image itself
+    return path
 
 
-def test_snapshot_that_links_is_used_and_only_the_tail_replayed(store_path: Path) -> None:
+@pytest.mark.parametrize("version", [2, 1])
+def test_snapshot_that_links_is_used_and_only_the_tail_replayed(
+    store_path: Path, version: int
+) -> None:
     models = build_store(store_path, simple_commits(10))
-    snap = make_snapshot(store_path)
+    snap = make_snapshot(store_path, version=version)
+    assert snap.read_bytes()[8] == version
     models = build_store_more(store_path, models, 5)
     with statelog.open(store_path) as store:
         r = store.recovery
@@ -82,12 +95,13 @@ def test_snapshot_that_links_is_used_and_only_the_tail_replayed(store_path: Path
         assert snapshot_of(store) == model_at(models, 15)
 
 
+@pytest.mark.parametrize("version", [2, 1])
 @pytest.mark.parametrize("where", ["header", "meta", "body", "footer"])
-def test_damaged_newest_snapshot_is_walked_past(store_path: Path, where: str) -> None:
+def test_damaged_newest_snapshot_is_walked_past(store_path: Path, where: str, version: int) -> None:
     models = build_store(store_path, simple_commits(8))
-    older = make_snapshot(store_path)
+    older = make_snapshot(store_path, version=3 - version)
     models = build_store_more(store_path, models, 4)
-    newest = make_snapshot(store_path)
+    newest = make_snapshot(store_path, version=version)
     models = build_store_more(store_path, models, 3)
     size = newest.stat().st_size
     offset = {"header": 33, "meta": 70, "body": size // 2, "footer": size - 20}[where]

@@ -16,11 +16,13 @@ from pathlib import Path
 
 from statelog.compaction.logfmt import LOGGER, kv
 from statelog.compaction.replay import Folding, fold_segment
+from statelog.compaction.retention import mark_verified
 from statelog.compaction.tail import SegmentInfo, Tail, find_link, list_segment_infos, sealed_tail
 from statelog.errors import CorruptionError, FormatVersionError
 from statelog.events import emit
 from statelog.storage.fileio import FileLayer
 from statelog.storage.image import ImageBuilder
+from statelog.storage.image_cache import copy_reusable, publish_image
 from statelog.storage.layout import StoreLayout
 from statelog.storage.pins import pin
 from statelog.storage.snapshots import (
@@ -184,7 +186,9 @@ def _fold_from(
         fold.good_wm, tables, size, int(time.time() * 1000),
     )  # fmt: skip
     p.say(logging.DEBUG, "snapshot_writing", epoch=fold.good_epoch, image_bytes=size)
-    path = write_snapshot(p.files, p.layout.snapshots, meta_out, image, level=p.level)
+    path, written = write_snapshot(p.files, p.layout.snapshots, meta_out, image, level=p.level)
+    mark_verified(path)  # built from this pass's own image: retention need not parse it
+    publish_image(p.files, image, p.layout.base, path, written)
     folded = tuple(s.path for s in fold.segments[: fold.good_count])
     p.say(
         logging.INFO,
@@ -194,6 +198,7 @@ def _fold_from(
         epochs=f"{base_lsn + 1}-{fold.good_epoch}",
         segments=len(folded),
         image_bytes=size,
+        body_bytes=written.body_bytes,
         snapshot_bytes=path.stat().st_size,
     )
     return CompactionResult(p.root, path, base, folded, range(base_lsn + 1, fold.good_epoch + 1))
@@ -210,9 +215,8 @@ def _open_base(p: Pass, base: Path | None) -> _Base | None:
             p.files.remove(stale)
     if base is None:
         return _Base(ImageBuilder.create(work))
-    extracted = p.scratch / "base.mdb"
     try:
-        meta = extract_snapshot(p.files, base, extracted, store_id=p.store_id)
+        meta = _base_image(p, base, work)
     except CorruptionError as exc:
         p.say(logging.ERROR, "snapshot_damaged", file=f"snapshots/{base.name}", reason=exc.reason)
         p.damaged.append(base)
@@ -222,9 +226,23 @@ def _open_base(p: Pass, base: Path | None) -> _Base | None:
         p.say(logging.WARNING, "snapshot_unreadable", file=base.name, reason=exc.message)
         return None
     p.bytes_read += base.stat().st_size
-    builder = ImageBuilder.open_copy(extracted, work)
-    p.files.remove(extracted)
+    builder = ImageBuilder.adopt(work)
     return _Base(builder, dict(meta.offsets), meta.low_watermark_ms, meta.chain)
+
+
+def _base_image(p: Pass, base: Path, work: Path) -> SnapshotMeta:
+    """Put the image of ``base`` at ``work``: a copy of the one this compactor published
+    to the writer's ``STORE/base`` if it is intact, else built from ``base`` (verified).
+
+    :raises CorruptionError: ``base`` did not verify.
+    :raises FormatVersionError: ``base`` is of a format this code does not read.
+    """
+    found = copy_reusable(p.layout.base, base, p.scratch, store_id=p.store_id)
+    if found is not None:
+        p.files.rename(found[0], work)
+        p.say(logging.DEBUG, "base_image_reused", file=f"snapshots/{base.name}")
+        return found[1]
+    return extract_snapshot(p.files, base, work, store_id=p.store_id)
 
 
 def _fold_tail(

@@ -30,11 +30,14 @@ reader's :func:`~statelog.storage.pins.pin` waits for it.
 
 Verifying costs a read of every snapshot, so it runs only when the cheap
 plan (names only, assuming every snapshot verifies) finds something to
-delete: a pass that wrote no new snapshot usually deletes nothing.
+delete: a pass that wrote no new snapshot usually deletes nothing. A
+snapshot counts only once it was parsed in full (its record stream
+checked, not only its hash), which each process does once per snapshot.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -44,14 +47,47 @@ from statelog.compaction.logfmt import LOGGER, kv
 from statelog.compaction.tail import SegmentInfo, find_link, list_segment_infos, peek_seal
 from statelog.errors import CorruptionError, FormatVersionError
 from statelog.events import emit
+from statelog.format.snapshot import FOOTER_SIZE
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import SNAPSHOT_DIR, WAL_DIR
 from statelog.storage.pins import ALL, Note, log_notes, pinned_names, retention_guard
 from statelog.storage.snapshots import SnapshotMeta, list_snapshots, verify_snapshot
 
-__all__ = ["RetentionResult", "apply_retention"]
+__all__ = ["RetentionResult", "apply_retention", "mark_verified"]
 
 log = logging.getLogger(LOGGER)
+
+# Snapshots this process has parsed in full, by path and footer: a daemon
+# parses each snapshot once (the pass that wrote one marks it), then only
+# hashes it on later passes. A snapshot is counted only once parsed: a
+# hash says the file is what was written, not that what was written is a
+# state, and retention deletes older snapshots on the strength of the ones
+# it counts.
+_parsed: set[tuple[str, bytes]] = set()
+
+
+def _footer(path: Path) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(-FOOTER_SIZE, 2)
+        return fh.read(FOOTER_SIZE)
+
+
+def mark_verified(path: Path) -> None:
+    """Note that the snapshot at ``path`` was parsed in full (its writer built it)."""
+    with contextlib.suppress(OSError):
+        _parsed.add((str(path.resolve()), _footer(path)))
+
+
+def _verified(files: FileLayer, path: Path, store_id: uuid.UUID) -> SnapshotMeta:
+    """``verify_snapshot`` of ``path``: parsed in full the first time this process sees
+    it, hashed only after that.
+
+    :raises CorruptionError: as :func:`~statelog.storage.snapshots.verify_snapshot`.
+    """
+    key = (str(path.resolve()), _footer(path))
+    meta = verify_snapshot(files, path, store_id=store_id, parse=key not in _parsed)
+    _parsed.add(key)
+    return meta
 
 
 @dataclass(frozen=True)
@@ -78,7 +114,7 @@ def apply_retention(
     damaged: list[Path] = []
     for _, _, path in snaps:
         try:
-            good.append((path, verify_snapshot(files, path, store_id=store_id)))
+            good.append((path, _verified(files, path, store_id)))
         except CorruptionError as exc:
             _say(logging.ERROR, "snapshot_damaged", store, file=_rel(path), reason=exc.reason)
             damaged.append(path)

@@ -1,4 +1,4 @@
-"""Byte layout of snapshot files (format version 1).
+"""Byte layout of snapshot files (format versions 2 and 1).
 
 Constants and pure functions only: no file I/O. :mod:`statelog.storage.snapshots`
 writes and verifies snapshot files with them; :mod:`statelog.ops.metrics`
@@ -8,14 +8,20 @@ peeks at a header's meta to tell a snapshot's age. ``docs/format.md``,
 Grammar (all integers little-endian)::
 
     snapshot := header meta body footer
-    header   := magic "STLGSNAP"(8) version(u16)=1 header_len(u16)=64 flags(u32)=0
+    header   := magic "STLGSNAP"(8) version(u16)=2 header_len(u16)=64 flags(u32)=0
                 store_id(16) epoch(u64) lsn(u64) chain(u32)
                 meta_len(u32) body_len(u64)                        -- 64 bytes
     meta     := msgpack map {"offsets", "low_watermark_ms", "tables",
-                "image_bytes", "created_ms", "compression": "zstd"}   -- meta_len bytes
-    body     := one zstd frame (content size and content checksum in it)
-                holding the LMDB image of :mod:`statelog.storage.image`     -- body_len bytes
+                "body_bytes", "created_ms", "compression": "zstd"}    -- meta_len bytes
+    body     := one zstd frame (content checksum in it) holding the record
+                stream of :mod:`statelog.format.stream`                -- body_len bytes
     footer   := sha256(header meta body)(32) magic "STLGSEND"(8)   -- 40 bytes
+
+Version 1, still read from a store's own directory, differs in two places:
+its meta says ``image_bytes`` where version 2 says ``body_bytes``, and its
+body is an LMDB image (frame content size set). A version-1 body is a raw
+LMDB file, which only the host that wrote it may map; version 2 is parsed
+and checked record by record, so it may come from anywhere.
 
 File name: ``<epoch:016x>-<lsn:016x>.snap``, so name order is age order.
 """
@@ -35,9 +41,12 @@ __all__ = [
     "END_MAGIC",
     "FOOTER_SIZE",
     "HEADER_SIZE",
+    "IMAGE_VERSION",
     "MAGIC",
+    "READABLE_VERSIONS",
     "SNAPSHOT_SUFFIX",
     "VERSION",
+    "ImageMetaDoc",
     "MetaDoc",
     "SnapshotHeader",
     "decode_meta",
@@ -52,7 +61,9 @@ __all__ = [
 
 MAGIC = b"STLGSNAP"
 END_MAGIC = b"STLGSEND"
-VERSION = 1
+VERSION = 2
+IMAGE_VERSION = 1
+READABLE_VERSIONS = (IMAGE_VERSION, VERSION)
 HEADER_SIZE = 64
 FOOTER_SIZE = 40
 SNAPSHOT_SUFFIX = ".snap"
@@ -115,7 +126,19 @@ class SnapshotHeader:
 
 
 class MetaDoc(msgspec.Struct):
-    """The meta map. Readers ignore keys they do not know; every key here is required."""
+    """The meta map of version 2. Readers ignore keys they do not know; every key here
+    is required. ``body_bytes`` is what the body decompresses to."""
+
+    offsets: dict[str, int]
+    low_watermark_ms: int
+    tables: dict[str, _NonNegative]
+    body_bytes: _NonNegative
+    created_ms: int
+    compression: str
+
+
+class ImageMetaDoc(msgspec.Struct):
+    """The meta map of version 1: ``image_bytes`` is the LMDB image's size."""
 
     offsets: dict[str, int]
     low_watermark_ms: int
@@ -126,33 +149,50 @@ class MetaDoc(msgspec.Struct):
 
 
 _meta_decoder = msgspec.msgpack.Decoder(MetaDoc)
+_image_meta_decoder = msgspec.msgpack.Decoder(ImageMetaDoc)
 
 
 def encode_meta(
     offsets: dict[str, int],
     low_watermark_ms: int,
     tables: dict[str, int],
-    image_bytes: int,
+    body_bytes: int,
     created_ms: int,
+    *,
+    version: int = VERSION,
 ) -> bytes:
     """The msgpack meta section, maps in key order so equal metas encode to equal bytes."""
-    doc = MetaDoc(
-        offsets=dict(sorted(offsets.items())),
-        low_watermark_ms=low_watermark_ms,
-        tables=dict(sorted(tables.items())),
-        image_bytes=image_bytes,
-        created_ms=created_ms,
-        compression="zstd",
+    kind = MetaDoc if version == VERSION else ImageMetaDoc
+    return msgspec.msgpack.encode(
+        kind(
+            dict(sorted(offsets.items())),
+            low_watermark_ms,
+            dict(sorted(tables.items())),
+            body_bytes,
+            created_ms,
+            "zstd",
+        )
     )
-    return msgspec.msgpack.encode(doc)
 
 
-def decode_meta(raw: bytes) -> MetaDoc:
-    """Parse a meta section, checking every required key and its type.
+def decode_meta(raw: bytes, version: int = VERSION) -> MetaDoc:
+    """Parse a meta section of ``version``, checking every required key and its type.
 
-    :raises msgspec.DecodeError: not a meta map of this format.
+    A version-1 meta comes back as a :class:`MetaDoc` whose ``body_bytes``
+    is its ``image_bytes``.
+
+    :raises msgspec.DecodeError: not a meta map of that format.
+    :raises KeyError: ``version`` is not one of :data:`READABLE_VERSIONS`.
     """
-    return _meta_decoder.decode(raw)
+    if version == VERSION:
+        return _meta_decoder.decode(raw)
+    if version != IMAGE_VERSION:
+        raise KeyError(version)
+    doc = _image_meta_decoder.decode(raw)
+    return MetaDoc(
+        doc.offsets, doc.low_watermark_ms, doc.tables, doc.image_bytes, doc.created_ms,
+        doc.compression,
+    )  # fmt: skip
 
 
 def peek_meta_len(head: bytes) -> int | None:

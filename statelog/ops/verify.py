@@ -23,7 +23,9 @@ across frames and across segments, fragments, record epochs, the seal,
 and the writer generation: rule H5 of ``docs/format.md``, a generation
 below the highest non-zero one before it in the log is a fenced writer's
 segment, damage at its header, as recovery judges it);
-run the read-only recovery ladder; release the pin. Nothing in the store
+compare each image in ``base/`` that a writer would map with its snapshot
+(:mod:`statelog.ops.verify_base`); run the read-only recovery ladder;
+release the pin. Nothing in the store
 is written except the transient pin file, which is removed at the end.
 
 The report's records (:class:`VerifyReport`, the checks, :class:`Verdict`)
@@ -44,11 +46,13 @@ from statelog.errors import CorruptionError, FormatVersionError, ResnapshotRequi
 from statelog.format.records import RecordSchemaError, decode_record
 from statelog.log.reader import SegmentScan, StopKind, scan_segment
 from statelog.log.segments import list_segments
+from statelog.ops.verify_base import check_base_images
 from statelog.ops.verify_report import Finding, SegmentCheck, SnapshotCheck, Verdict, VerifyReport
 from statelog.recovery.ladder import check_link
 from statelog.recovery.readonly import recover_readonly
 from statelog.recovery.report import RecoveryReport
 from statelog.storage.fileio import FileLayer
+from statelog.storage.image_cache import STAMP_SUFFIX
 from statelog.storage.layout import StoreLayout
 from statelog.storage.pins import pin
 from statelog.storage.snapshots import list_snapshots, verify_snapshot
@@ -140,6 +144,7 @@ def verify_store(path: Path, progress: ProgressFn | None = None) -> VerifyReport
     names = [f"snapshots/{p.name}" for *_, p in snaps] + [f"wal/{p.name}" for *_, p in segs]
     with _pinned(root, names):
         snap_checks = tuple(_check_snapshot(run, layout, e, lsn, p) for e, lsn, p in snaps)
+        _check_base(run, layout)
         seg_checks = tuple(_scan_log(run, segs))
         recovery, why = _ladder(run, layout, bool(segs))
     evidence = tuple(_evidence(layout))
@@ -199,6 +204,25 @@ def _check_snapshot(
     if why is not None:
         run.damaged(path, None, "link", f"does not link to the log: {why}")
     return SnapshotCheck(path, epoch, lsn, size, True, why is None, meta.created_ms, why)
+
+
+def _check_base(run: _Run, layout: StoreLayout) -> None:
+    """Name every image in ``base/`` that a writer would map although it lies about its
+    snapshot (:mod:`statelog.ops.verify_base`)."""
+    if run.store_id is None:
+        return
+    try:
+        mismatches = check_base_images(layout.base, layout.snapshots, run.store_id)
+    except OSError as exc:
+        raise StorageError(f"reading {layout.base} failed: {exc}", errno=exc.errno) from exc
+    for m in mismatches:
+        run.damaged(
+            m.image,
+            None,
+            "base",
+            f"{m.reason}; the writer's next open would map it: remove it and its "
+            f"{STAMP_SUFFIX} stamp, and the open builds the image from {m.snapshot.name} again",
+        )
 
 
 @dataclass

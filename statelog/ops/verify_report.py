@@ -36,7 +36,7 @@ class Finding:
 
     path: Path
     offset: int | None
-    kind: str  # identity, snapshot, link, segment, torn-tail, log, recovery
+    kind: str  # identity, snapshot, base, link, segment, torn-tail, log, recovery
     reason: str
 
     def __str__(self) -> str:

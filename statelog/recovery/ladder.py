@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import secrets
 import threading
 import time
 import uuid
@@ -42,29 +41,25 @@ from statelog.format.wal import (
 )
 from statelog.log.reader import peek_seal
 from statelog.log.segments import list_segments
-from statelog.recovery.image_cache import extract_stamped, reusable_image, stamp_of
 from statelog.recovery.replay import LogEnd, recover_log
 from statelog.recovery.report import Outcome, RecoveryReport, Rejection
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
 from statelog.storage.image import BaseLevel
+from statelog.storage.image_cache import (
+    copy_reusable,
+    extract_stamped,
+    image_path,
+    reusable_image,
+    stamp_of,
+)
 from statelog.storage.layout import StoreLayout
 from statelog.storage.pins import PIN_DIR, pin
 from statelog.storage.snapshots import SnapshotMeta, list_snapshots
 
-__all__ = ["check_link", "image_path", "install_snapshot", "recover_store"]
+__all__ = ["check_link", "install_snapshot", "recover_store"]
 
 log = logging.getLogger("statelog.recovery.replay")
-
-
-def image_path(image_dir: Path, snapshot: Path) -> Path:
-    """A fresh name for an extraction of ``snapshot``'s LMDB image: ``<name>.<token>.mdb``.
-
-    Never the name of an existing image, so an extraction never renames
-    over an image left by an earlier process (whose unlink would then be
-    paid on the open path, and which a process still mapping it may read).
-    """
-    return image_dir / f"{snapshot.name.removesuffix('.snap')}.{secrets.token_hex(4)}.mdb"
 
 
 def check_link(wal_dir: Path, meta: SnapshotMeta) -> str | None:
@@ -138,23 +133,30 @@ def install_snapshot(
     store_id: uuid.UUID,
     state: LiveState,
     wal_dir: Path | None = None,
+    *,
+    shared_images: Path | None = None,
 ) -> tuple[SnapshotMeta, str | None]:
     """Verify ``path`` while extracting it (one read), then map it as ``state``'s base.
 
-    An image this store extracted from ``path`` before and that is still
-    intact (``statelog.recovery.image_cache``) is mapped instead, without reading
-    the snapshot's body. With ``wal_dir``, the snapshot is installed only if it links to that log;
+    An image of ``path`` that is still intact (``statelog.storage.image_cache``)
+    is mapped instead, without building it from the snapshot's body: one in
+    ``image_dir`` (extracted by this store before, or published there by the
+    compactor), else a private copy of one in ``shared_images`` (a read-only
+    open copies the writer's ``STORE/base`` image rather than map it). With
+    ``wal_dir``, the snapshot is installed only if it links to that log;
     otherwise the image is removed and the reason returned.
 
     :raises CorruptionError: the snapshot did not verify (nothing installed).
     """
+    files.makedirs(image_dir)
     found = reusable_image(image_dir, path, store_id=store_id)
+    if found is None and shared_images is not None and shared_images != image_dir:
+        found = copy_reusable(shared_images, path, image_dir, store_id=store_id)
     if found is not None:
         dest, meta = found
         log.info("snapshot=%s event=image_reused image=%s", path.name, dest.name)
     else:
         dest = image_path(image_dir, path)
-        files.makedirs(dest.parent)
         meta = extract_stamped(files, path, dest, store_id=store_id)
     why = check_link(wal_dir, meta) if wal_dir is not None else None
     if why is not None:
@@ -282,7 +284,9 @@ def _climb(
         at: int | None = None
         try:
             # Hash verified on this read, while the image is extracted.
-            meta, why = install_snapshot(files, image_dir, path, store_id, state, layout.wal)
+            meta, why = install_snapshot(
+                files, image_dir, path, store_id, state, layout.wal, shared_images=layout.base
+            )
         except (CorruptionError, FormatVersionError) as exc:
             why = getattr(exc, "reason", None) or str(exc)
             at = getattr(exc, "offset", None)

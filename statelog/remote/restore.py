@@ -63,8 +63,8 @@ from statelog.remote.signing import KEY_ENV
 from statelog.remote.staging import Staging, resolve_dest
 from statelog.remote.url import StoreKeys
 from statelog.storage.fileio import FileLayer
-from statelog.storage.layout import IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
-from statelog.storage.snapshots import verify_snapshot
+from statelog.storage.image_cache import extract_stamped, image_path, stamp_of
+from statelog.storage.layout import BASE_DIR, IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
 
 __all__ = ["RestoreResult", "find_store", "restore"]
 
@@ -255,12 +255,18 @@ def _refuse(rejected: dict[str, str], key: str, why: str) -> bool:
 
 def _snapshot_ok(st: Staging, e: Entry, sid: uuid.UUID, rejected: dict[str, str]) -> bool:
     try:
-        meta = verify_snapshot(st.files, st.fetch(e), store_id=sid)
+        path = st.fetch(e)
+        image = st.confined.path(BASE_DIR, image_path(Path(BASE_DIR), path).name)
+        st.files.makedirs(image.parent)
+        # Verified as the base image is built: the first open then maps it as it is.
+        meta = extract_stamped(st.files, path, image, store_id=sid, portable_only=True)
     except (RemoteIntegrityError, CorruptionError, FormatVersionError, RemoteNotFoundError) as exc:
         st.remove(e)
         return _refuse(rejected, e.key, getattr(exc, "reason", None) or str(exc))
     if (meta.lsn, meta.chain) != (e.last_lsn, e.end_crc):
         st.remove(e)
+        for p in (image, stamp_of(image)):
+            st.files.remove(p)
         return _refuse(rejected, e.key, "snapshot header disagrees with the manifest")
     return True
 

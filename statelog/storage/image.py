@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
@@ -249,7 +248,7 @@ class ImageBuilder:
     """
 
     def __init__(self, path: Path, map_size: int, max_tables: int) -> None:
-        self.path = path  # use create() or open_copy()
+        self.path = path  # use create() or adopt()
         self._map_size = map_size
         self._max_tables = max_tables
         self._env: lmdb.Environment | None = None
@@ -268,19 +267,12 @@ class ImageBuilder:
         return cls(path, map_size, max_tables)
 
     @classmethod
-    def open_copy(
-        cls, src_image: Path, path: Path, *, map_size: int = _MAP_SIZE, max_tables: int = _TABLES
-    ) -> Self:
-        """Start from a copy of the finished image ``src_image`` (which stays untouched).
+    def adopt(cls, path: Path, *, map_size: int = _MAP_SIZE, max_tables: int = _TABLES) -> Self:
+        """Continue from the image at ``path`` (this process's own scratch, built by
+        :func:`~statelog.storage.snapshots.extract_snapshot`): it is modified in place.
 
-        The file is copied, never opened as an environment, so ``src_image``
-        may be mapped by a :class:`BaseLevel` of this process meanwhile.
-
-        :raises FileExistsError: ``path`` exists.
+        :raises FileNotFoundError: no file at ``path``.
         """
-        if path.exists():
-            raise FileExistsError(path)
-        shutil.copyfile(src_image, path)  # a finished image needs no LMDB lock to copy
         return cls(path, max(map_size, 2 * path.stat().st_size), max_tables)
 
     def _reopen(self) -> None:

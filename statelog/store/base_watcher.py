@@ -22,12 +22,11 @@ from pathlib import Path
 
 from statelog.errors import CorruptionError, FormatVersionError, StorageError
 from statelog.events import emit
-from statelog.recovery.image_cache import extract_stamped, stamp_of
-from statelog.recovery.ladder import image_path
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
 from statelog.storage.image import BaseLevel
-from statelog.storage.snapshots import list_snapshots
+from statelog.storage.image_cache import extract_stamped, image_path, reusable_image, stamp_of
+from statelog.storage.snapshots import SnapshotMeta, list_snapshots
 
 __all__ = ["BaseWatcher"]
 
@@ -82,10 +81,9 @@ class BaseWatcher:
             chain = self._boundaries.get(lsn)
             if chain is None:
                 continue  # not the end of a segment this writer knows: not ours to judge
-            dest = image_path(self._image_dir, path)
             try:
                 self._files.makedirs(self._image_dir)
-                meta = extract_stamped(self._files, path, dest, store_id=self._store_id)
+                meta, dest = self._image_of(path)
                 if meta.chain != chain:
                     raise CorruptionError(path, 0, f"chain {meta.chain:#010x} != log {chain:#010x}")
                 base = BaseLevel(dest)
@@ -114,9 +112,9 @@ class BaseWatcher:
                 old = state.swap_base(base, lsn)
             old.close()
             if old_path := getattr(old, "path", None):
-                self._files.remove(Path(old_path))
-                with contextlib.suppress(FileNotFoundError):
-                    self._files.remove(stamp_of(Path(old_path)))
+                for p in (Path(old_path), stamp_of(Path(old_path))):
+                    with contextlib.suppress(FileNotFoundError):  # a compactor's, removed by it
+                        self._files.remove(p)
             for k in [k for k in self._boundaries if k < lsn]:
                 del self._boundaries[k]
             log.info(
@@ -130,6 +128,18 @@ class BaseWatcher:
                 self._on_swap(path, lsn)
             return path
         return None
+
+    def _image_of(self, path: Path) -> tuple[SnapshotMeta, Path]:
+        """The image of snapshot ``path``: the compactor's, if it published one intact, else
+        one built from the snapshot here (verified as it is built).
+
+        :raises CorruptionError: the snapshot did not verify.
+        """
+        found = reusable_image(self._image_dir, path, store_id=self._store_id)
+        if found is not None:
+            return found[1], found[0]
+        dest = image_path(self._image_dir, path)
+        return extract_stamped(self._files, path, dest, store_id=self._store_id), dest
 
     def stop(self) -> None:
         self._stop.set()
