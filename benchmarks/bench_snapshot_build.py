@@ -45,8 +45,9 @@ import statelog
 from statelog.compaction.fold import compact
 from statelog.format.records import encode_value
 from statelog.remote import RemoteClient, restore, ship
+from statelog.storage.builder import ImageBuilder
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image import BaseLevel, ImageBuilder
+from statelog.storage.image import BaseLevel
 from statelog.storage.snapshots import (
     SnapshotMeta,
     extract_snapshot,

@@ -12,7 +12,8 @@ import pytest
 from statelog.errors import CorruptionError, StoreClosedError
 from statelog.format.records import encode_value
 from statelog.state.live import Key, LiveState
-from statelog.storage.image import Base, BaseLevel, EmptyBase, ImageBuilder, decode_key, encode_key
+from statelog.storage.builder import ImageBuilder
+from statelog.storage.image import Base, BaseLevel, EmptyBase, decode_key, encode_key
 
 KEYS: list[Key] = [b"", b"\x00", b"\xff", b"a", b"ab", "", "a", "ab", "b", "\x7f", "é", "€", "𝄞"]
 

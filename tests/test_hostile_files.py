@@ -44,8 +44,8 @@ from statelog.recovery.report import Outcome
 from statelog.remote import RemoteIntegrityError, load_record, restore, ship
 from statelog.sharding.partition import MANIFEST, expand_stores
 from statelog.sharding.sharded import ShardedStore
+from statelog.storage.builder import ImageBuilder
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image import ImageBuilder
 from statelog.storage.layout import StoreLayout
 from statelog.storage.pins import ALL, PIN_DIR, pinned_names
 from statelog.storage.snapshots import SnapshotMeta, list_snapshots, verify_snapshot

@@ -26,8 +26,8 @@ import pytest
 import statelog
 from statelog.log.reader import scan_segment
 from statelog.log.segments import list_segments
+from statelog.storage.builder import ImageBuilder
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image import ImageBuilder
 from statelog.storage.snapshots import SnapshotMeta, list_snapshots, write_snapshot
 from tests.helpers import build_store, flip_bit, model_at, simple_commits, snapshot_of
 

@@ -50,7 +50,8 @@ from statelog.format.stream import (
     TableChunk,
 )
 from statelog.state.live import Key
-from statelog.storage.image import BaseLevel, ImageBuilder, decode_key, encode_key
+from statelog.storage.builder import ImageBuilder
+from statelog.storage.image import BaseLevel, decode_key, encode_key
 from statelog.storage.snapshot_body import StreamBuild, stream_image
 
 # -- hand-built chunks --------------------------------------------------------

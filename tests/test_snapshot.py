@@ -35,8 +35,9 @@ from statelog.format.records import encode_value
 from statelog.format.stream import PUTS, TABLE, StreamChecker
 from statelog.kit import CrashMode, FaultyFiles
 from statelog.state.live import Key, LiveState
+from statelog.storage.builder import ImageBuilder
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image import BaseLevel, ImageBuilder, decode_key
+from statelog.storage.image import BaseLevel, decode_key
 from statelog.storage.snapshots import (
     SnapshotMeta,
     extract_snapshot,

@@ -30,8 +30,8 @@ from statelog.format.snapshot import (
     unpack_footer,
 )
 from statelog.format.stream import encode_end, encode_puts, encode_table
+from statelog.storage.builder import ImageBuilder
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image import ImageBuilder
 from statelog.storage.snapshots import SnapshotMeta, write_snapshot
 
 STORE = uuid.UUID("0123abcd-4567-89ef-0123-456789abcdef")

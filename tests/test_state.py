@@ -6,7 +6,8 @@ from pathlib import Path
 
 from statelog.format.records import encode_value
 from statelog.state.live import MAX_GENERATIONS, LiveState
-from statelog.storage.image import BaseLevel, ImageBuilder
+from statelog.storage.builder import ImageBuilder
+from statelog.storage.image import BaseLevel
 
 
 def test_delete_survives_a_generation_merge_and_a_later_swap(tmp_path: Path) -> None:

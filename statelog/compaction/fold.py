@@ -46,9 +46,11 @@ from pathlib import Path
 
 import lmdb
 
-from statelog.compaction.base import CompactionResult, Pass, fold_pass
+from statelog.compaction.base import CompactionResult, Pass
+from statelog.compaction.delta import ChainPolicy
 from statelog.compaction.lock import CompactorLock
 from statelog.compaction.retention import apply_retention
+from statelog.compaction.write import fold_pass
 from statelog.errors import InvalidOptionError, StorageError
 from statelog.events import emit
 from statelog.storage.fileio import FileLayer
@@ -67,6 +69,8 @@ def compact(
     min_tail_records: int = 0,
     retain: int = 3,
     level: int = 3,
+    max_chain: int = 8,
+    full_ratio: float = 0.5,
     lock: CompactorLock | None = None,
     stop: Callable[[], bool] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
@@ -81,6 +85,11 @@ def compact(
         if both are off.
     :param retain: snapshots that verify to keep (at least 1).
     :param level: zstd level of the snapshot body.
+    :param max_chain: the most delta snapshots on top of a full one; a pass
+        that would pass it writes a full snapshot (0: every pass does).
+    :param full_ratio: a pass writes a full snapshot once the chain's delta
+        bytes, its own tail included, would exceed this fraction of the full
+        snapshot's body (``docs/architecture.md``, "Delta snapshots").
     :param lock: the caller's lock on this store (the daemon holds one for
         its whole life); None: take it for this pass.
     :param stop: polled between steps; when it returns True the pass is
@@ -97,6 +106,7 @@ def compact(
     :raises OSError: a read, write or sync failed; no partial snapshot is visible.
     """
     _check_options(min_tail_bytes, min_tail_records, retain, level)
+    policy = _policy(max_chain, full_ratio)
     started = time.perf_counter()
     root = Path(store)
     files = files or FileLayer()
@@ -108,7 +118,7 @@ def compact(
     try:
         p = Pass(
             root, layout, files, sid, root / SCRATCH_DIR, min_tail_bytes, min_tail_records,
-            level, stop or (lambda: False),
+            level, stop or (lambda: False), policy,
         )  # fmt: skip
         if progress is not None:
             p.progress = progress
@@ -168,6 +178,9 @@ def _report(p: Pass, result: CompactionResult) -> None:
             base=result.base.name if result.base else None,
             segments=len(result.segments),
             records=len(result.epochs),
+            snapshot_kind="full" if result.full else "delta",
+            depth=result.depth,
+            written_bytes=result.written_bytes,
             bytes=result.bytes_read,
             seconds=round(result.seconds, 6),
         )
@@ -203,6 +216,17 @@ def _check_options(min_bytes: int, min_records: int, retain: int, level: int) ->
     ):
         if not isinstance(v, int) or isinstance(v, bool) or v < low or (name == "level" and v > 22):
             raise InvalidOptionError(f"{name}={v!r}", hint=f"an integer >= {low}")
+
+
+def _policy(max_chain: int, full_ratio: float) -> ChainPolicy:
+    if not isinstance(max_chain, int) or isinstance(max_chain, bool) or not 0 <= max_chain <= 64:
+        raise InvalidOptionError(f"max_chain={max_chain!r}", hint="an integer from 0 to 64")
+    ok = isinstance(full_ratio, int | float) and not isinstance(full_ratio, bool)
+    if not ok or not 0.0 < float(full_ratio) <= 10.0:
+        raise InvalidOptionError(
+            f"full_ratio={full_ratio!r}", hint="a number above 0 and at most 10, such as 0.5"
+        )
+    return ChainPolicy(max_chain, float(full_ratio))
 
 
 def _clear_scratch(p: Pass) -> None:

@@ -12,7 +12,8 @@ keys, table names, offsets, watermark, values), and its epoch is the next
 one; and the SEAL names the last record's LSN. A zombie's segment (a
 fenced writer's, after a takeover) is therefore damage, and never folded
 into a snapshot that recovery would then trust. Only then is the
-segment applied, in one LMDB transaction (:meth:`ImageBuilder.apply_batch`):
+segment applied, in one call of the target's ``apply_batch`` (one LMDB
+transaction for an image):
 each record's table deltas in order, deletes before puts within a delta,
 offsets merged, the watermark taken from the last record.
 """
@@ -20,15 +21,25 @@ offsets merged, the watermark taken from the last record.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from statelog.compaction.tail import SegmentInfo, covered_generation
 from statelog.format.records import RecordSchemaError, decode_record
 from statelog.log.reader import SegmentScan, StopKind, scan_segment
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image import Delta, ImageBuilder
+from statelog.storage.image import Delta
 
-__all__ = ["Folding", "check_scan", "fold_segment"]
+__all__ = ["FoldTarget", "Folding", "check_scan", "fold_segment"]
+
+
+class FoldTarget(Protocol):
+    """What a fold applies a segment's deltas to: the compactor's image
+    (:class:`~statelog.storage.image.ImageBuilder`) or a delta pass's
+    :class:`~statelog.compaction.delta.Changes`."""
+
+    def apply_batch(self, deltas: Iterable[Delta]) -> None: ...
 
 
 @dataclass
@@ -58,7 +69,7 @@ class Folding:
 def fold_segment(
     files: FileLayer,
     store_id: uuid.UUID,
-    builder: ImageBuilder,
+    builder: FoldTarget,
     seg: SegmentInfo,
     fold: Folding,
     last_in_log: bool,

@@ -2,10 +2,14 @@
 
 Rules (invariant 8 of docs/architecture.md):
 
-* Keep the ``retain`` newest snapshots that verify. A snapshot that fails
-  verification is kept as evidence, never deleted and never counted; one
-  that cannot be read (I/O error, newer format) is kept and not counted.
-  Verified snapshots older than the ``retain`` kept are deleted.
+* Keep the ``retain`` newest restore points: snapshots that verify and,
+  for a delta, whose whole chain verifies and links (each parent present,
+  verified, with the SHA-256 its child names). Keep every snapshot of
+  their chains too, so no kept delta ever loses its parent. A snapshot
+  that fails verification is kept as evidence, never deleted and never
+  counted; one that cannot be read (I/O error, newer format) is kept and
+  not counted. Verified snapshots older than the oldest restore point
+  kept and in no kept chain are deleted.
 * Keep every segment needed to replay forward from the oldest snapshot
   kept: delete only the segments before the one the log continues in after
   that snapshot (the first segment starting at its LSN + 1 whose header
@@ -43,11 +47,19 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from statelog.compaction.logfmt import LOGGER, kv
 from statelog.compaction.tail import SegmentInfo, find_link, list_segment_infos, peek_seal
 from statelog.errors import CorruptionError, FormatVersionError
 from statelog.events import emit
-from statelog.format.snapshot import FOOTER_SIZE
+from statelog.format.snapshot import (
+    FOOTER_SIZE,
+    HEADER_SIZE,
+    SnapshotHeader,
+    decode_meta,
+    peek_meta_len,
+)
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import SNAPSHOT_DIR, WAL_DIR
 from statelog.storage.pins import ALL, Note, log_notes, pinned_names, retention_guard
@@ -120,7 +132,7 @@ def apply_retention(
             damaged.append(path)
         except (FormatVersionError, OSError) as exc:
             _say(logging.WARNING, "snapshot_unreadable", store, file=_rel(path), reason=str(exc))
-    kept, old = good[:retain], good[retain:]
+    kept, old = _restore_points(good, retain)
     doomed_segs = _covered(store, segs, kept[-1][1], store_id) if kept else []
     done = _Deletions()
     # Only the pin listing and the unlinks run under the guard: every open of
@@ -209,11 +221,78 @@ def _tell(store: Path, done: _Deletions, retain: int, oldest: str | None) -> Non
         emit(store, "retention_delete", files=gone, count=len(gone))
 
 
+def _restore_points(
+    good: list[tuple[Path, SnapshotMeta]], retain: int
+) -> tuple[list[tuple[Path, SnapshotMeta]], list[tuple[Path, SnapshotMeta]]]:
+    """``(kept restore points, deletable)`` among the verified snapshots ``good`` (newest first).
+
+    A restore point is a verified snapshot whose chain is all in ``good``,
+    each link matching. Deletable: older than the oldest kept restore point
+    and in none of the kept chains.
+    """
+    by_name = {p.name: (p, m) for p, m in good}
+    kept: list[tuple[Path, SnapshotMeta]] = []
+    needed: set[str] = set()
+    for path, meta in good:
+        if len(kept) == retain:
+            break
+        chain = _chain_names(path, meta, by_name)
+        if chain is not None:
+            kept.append((path, meta))
+            needed |= chain
+    if not kept:
+        return [], []
+    oldest = kept[-1][1].lsn
+    old = [(p, m) for p, m in good if m.lsn < oldest and p.name not in needed]
+    return kept, old
+
+
+def _chain_names(
+    path: Path, meta: SnapshotMeta, by_name: dict[str, tuple[Path, SnapshotMeta]]
+) -> set[str] | None:
+    """The names of ``path``'s chain, if every link is verified and matches; else None."""
+    names = {path.name}
+    while meta.delta is not None:
+        parent = by_name.get(meta.delta.parent)
+        if parent is None or parent[1].sha256 != meta.delta.parent_sha256:
+            return None
+        if parent[1].depth != meta.delta.depth - 1 or parent[0].name in names:
+            return None
+        names.add(parent[0].name)
+        meta = parent[1]
+    return names
+
+
+def _parent_of(path: Path) -> str | None:
+    """The parent a delta snapshot names, read from its header and meta unverified
+    (None: a full snapshot, or unreadable; retention's plan only)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(HEADER_SIZE)
+            meta_len = peek_meta_len(head)
+            if meta_len is None or meta_len > 1 << 20:
+                return None
+            version = SnapshotHeader.peek_version(head) or 0
+            doc = decode_meta(fh.read(meta_len), version)
+    except (OSError, KeyError, msgspec.DecodeError, RecursionError):
+        return None
+    return doc.delta.parent if doc.delta is not None else None
+
+
 def _may_delete(snaps: list[tuple[int, int, Path]], segs: list[SegmentInfo], retain: int) -> bool:
-    """Whether anything could go, judged by names alone (every snapshot assumed good)."""
+    """Whether anything could go, judged by names and parent links alone (every snapshot
+    assumed good): the cheap plan that spares a pass from hashing every snapshot."""
     if len(snaps) > retain:
-        return True
-    oldest_lsn = snaps[-1][1]  # all kept, the oldest one included
+        needed: set[str] = set()
+        for _e, _l, path in snaps[:retain]:
+            name: str | None = path.name
+            while name is not None and name not in needed:
+                needed.add(name)
+                name = _parent_of(path.parent / name)
+        oldest = snaps[retain - 1][1]
+        if any(lsn < oldest and p.name not in needed for _e, lsn, p in snaps[retain:]):
+            return True
+    oldest_lsn = snaps[min(retain, len(snaps)) - 1][1]
     # Segment i ends at first_lsn(i + 1) - 1; the last segment is never deleted.
     return any(nxt.first_lsn - 1 <= oldest_lsn for nxt in segs[1:])
 

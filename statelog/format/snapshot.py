@@ -8,11 +8,12 @@ peeks at a header's meta to tell a snapshot's age. ``docs/format.md``,
 Grammar (all integers little-endian)::
 
     snapshot := header meta body footer
-    header   := magic "STLGSNAP"(8) version(u16)=2 header_len(u16)=64 flags(u32)=0
+    header   := magic "STLGSNAP"(8) version(u16)=2 header_len(u16)=64 flags(u32)
                 store_id(16) epoch(u64) lsn(u64) chain(u32)
                 meta_len(u32) body_len(u64)                        -- 64 bytes
     meta     := msgpack map {"offsets", "low_watermark_ms", "tables",
-                "body_bytes", "created_ms", "compression": "zstd"}    -- meta_len bytes
+                "body_bytes", "created_ms", "compression": "zstd",
+                ["delta": {...} when flags = 1]}                     -- meta_len bytes
     body     := one zstd frame (content checksum in it) holding the record
                 stream of :mod:`statelog.format.stream`                -- body_len bytes
     footer   := sha256(header meta body)(32) magic "STLGSEND"(8)   -- 40 bytes
@@ -22,6 +23,10 @@ its meta says ``image_bytes`` where version 2 says ``body_bytes``, and its
 body is an LMDB image (frame content size set). A version-1 body is a raw
 LMDB file, which only the host that wrote it may map; version 2 is parsed
 and checked record by record, so it may come from anywhere.
+
+``flags`` is 0 for a full snapshot and :data:`FLAG_DELTA` for a delta
+snapshot, whose body holds only the keys its tail changed (deletes
+included) and whose meta links it to its parent (:class:`DeltaDoc`).
 
 File name: ``<epoch:016x>-<lsn:016x>.snap``, so name order is age order.
 """
@@ -39,6 +44,7 @@ import msgspec
 
 __all__ = [
     "END_MAGIC",
+    "FLAG_DELTA",
     "FOOTER_SIZE",
     "HEADER_SIZE",
     "IMAGE_VERSION",
@@ -46,6 +52,7 @@ __all__ = [
     "READABLE_VERSIONS",
     "SNAPSHOT_SUFFIX",
     "VERSION",
+    "DeltaDoc",
     "ImageMetaDoc",
     "MetaDoc",
     "SnapshotHeader",
@@ -67,6 +74,8 @@ READABLE_VERSIONS = (IMAGE_VERSION, VERSION)
 HEADER_SIZE = 64
 FOOTER_SIZE = 40
 SNAPSHOT_SUFFIX = ".snap"
+FLAG_DELTA = 1
+"""Header flag of a delta snapshot (format 2 only): its meta holds ``delta``."""
 
 # magic, version, header_len, flags, store_id, epoch, lsn, chain, meta_len, body_len
 _HEADER = struct.Struct("<8sHHI16sQQIIQ")
@@ -75,6 +84,9 @@ _FOOTER = struct.Struct("<32s8s")
 assert _HEADER.size == HEADER_SIZE and _FOOTER.size == FOOTER_SIZE
 _NAME = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})\.snap$")
 _NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+_Positive = Annotated[int, msgspec.Meta(ge=1)]
+_SnapName = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{16}-[0-9a-f]{16}\.snap$")]
+_Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +137,32 @@ class SnapshotHeader:
         return int(_VERSION.unpack_from(data, 8)[0])
 
 
-class MetaDoc(msgspec.Struct):
+class DeltaDoc(msgspec.Struct, frozen=True):
+    """The ``delta`` map of a delta snapshot's meta: its link to its parent.
+
+    ``parent`` is the parent snapshot's file name and ``parent_sha256`` its
+    footer digest (hex); ``depth`` counts the deltas from the chain's full
+    snapshot to this one (1: its parent is full). ``chain_bytes`` is the sum
+    of ``body_bytes`` over the chain's deltas, this one included, and
+    ``full_bytes`` the ``body_bytes`` of its full snapshot: the compactor's
+    merge rule reads them without opening the chain. ``changes`` counts the
+    records (puts and deletes) per table in the body.
+    """
+
+    parent: _SnapName
+    parent_sha256: _Sha256Hex
+    depth: _Positive
+    chain_bytes: _NonNegative
+    full_bytes: _NonNegative
+    changes: dict[str, _NonNegative]
+
+
+class MetaDoc(msgspec.Struct, omit_defaults=True):
     """The meta map of version 2. Readers ignore keys they do not know; every key here
-    is required. ``body_bytes`` is what the body decompresses to."""
+    is required but ``delta``, which only a delta snapshot holds (and its header
+    flags). ``body_bytes`` is what the body decompresses to; ``tables`` is the
+    keys per table of the state the snapshot restores (for a delta: parent and
+    delta together)."""
 
     offsets: dict[str, int]
     low_watermark_ms: int
@@ -135,6 +170,7 @@ class MetaDoc(msgspec.Struct):
     body_bytes: _NonNegative
     created_ms: int
     compression: str
+    delta: DeltaDoc | None = None
 
 
 class ImageMetaDoc(msgspec.Struct):
@@ -160,19 +196,23 @@ def encode_meta(
     created_ms: int,
     *,
     version: int = VERSION,
+    delta: DeltaDoc | None = None,
 ) -> bytes:
-    """The msgpack meta section, maps in key order so equal metas encode to equal bytes."""
-    kind = MetaDoc if version == VERSION else ImageMetaDoc
-    return msgspec.msgpack.encode(
-        kind(
-            dict(sorted(offsets.items())),
-            low_watermark_ms,
-            dict(sorted(tables.items())),
-            body_bytes,
-            created_ms,
-            "zstd",
-        )
-    )
+    """The msgpack meta section, maps in key order so equal metas encode to equal bytes.
+
+    :raises ValueError: ``delta`` for a version-1 meta.
+    """
+    args = (
+        dict(sorted(offsets.items())), low_watermark_ms, dict(sorted(tables.items())),
+        body_bytes, created_ms, "zstd",
+    )  # fmt: skip
+    if version != VERSION:
+        if delta is not None:
+            raise ValueError("format 1 has no delta snapshots")
+        return msgspec.msgpack.encode(ImageMetaDoc(*args))
+    if delta is not None:
+        delta = msgspec.structs.replace(delta, changes=dict(sorted(delta.changes.items())))
+    return msgspec.msgpack.encode(MetaDoc(*args, delta=delta))
 
 
 def decode_meta(raw: bytes, version: int = VERSION) -> MetaDoc:

@@ -19,9 +19,17 @@ A key is an encoded key (tag 0x00 + bytes, or tag 0x01 + UTF-8) within
 :mod:`statelog.format.limits`; a value is one whole msgpack object, the
 bytes a commit record carried, that decodes as a read decodes it.
 Tables appear once each, in increasing UTF-8 byte order; keys increase
-strictly within a table, across its chunks. Kind ``D`` (deletes, a key
-array) is reserved for delta snapshots; a full snapshot holding one is
-damaged.
+strictly within a table, across its chunks.
+
+A delta snapshot's stream (``StreamChecker(delta=True)``) holds only what
+its tail changed, and its tables may also hold deletes::
+
+    table  := chunk("T", name) chunk("D", deletes)* chunk("P", puts)*   -- >= 1 chunk
+    deletes := msgpack [ key(bin), ... ]                                -- >= 1 key
+
+Deleted keys increase strictly across a table's ``D`` chunks, put keys
+across its ``P`` chunks, and no key is both deleted and put. A full
+snapshot holding a ``D`` chunk is damaged.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ __all__ = [
     "StreamChecker",
     "StreamError",
     "TableChunk",
+    "encode_deletes",
     "encode_end",
     "encode_puts",
     "encode_table",
@@ -67,6 +76,7 @@ _MAX_STORED_KEY = MAX_KEY_BYTES + 1  # the tag byte
 # Key lengths are checked by the decoder itself, in C: a tag byte, then at most MAX_KEY_BYTES.
 _StoredKey = Annotated[bytes, msgspec.Meta(min_length=1, max_length=_MAX_STORED_KEY)]
 _puts_decoder = msgspec.msgpack.Decoder(tuple[list[_StoredKey], list[msgspec.Raw]])
+_deletes_decoder = msgspec.msgpack.Decoder(list[_StoredKey])
 
 
 class StreamError(Exception):
@@ -84,11 +94,13 @@ class TableChunk:
 
     Each value is a :class:`msgspec.Raw`: the bytes of one whole msgpack
     object, sliced from the chunk without a copy (``bytes(value)`` copies).
+    A ``D`` chunk of a delta stream comes as ``deleted=True``, without values.
     """
 
     table: str
     keys: list[bytes]
     values: list[msgspec.Raw]
+    deleted: bool = False
 
 
 def _chunk(kind: bytes, payload: bytes) -> bytes:
@@ -115,6 +127,11 @@ def encode_puts(keys: Sequence[bytes], values: Sequence[bytes]) -> bytes:
     return _chunk(PUTS, head + arr + vals)
 
 
+def encode_deletes(keys: Sequence[bytes]) -> bytes:
+    """The ``D`` chunk of encoded ``keys`` a delta deletes, in key order."""
+    return _chunk(DELETES, msgspec.msgpack.encode(list(keys)))
+
+
 def encode_end(records: int, tables: int) -> bytes:
     """The ``E`` chunk: how many records and tables the stream held."""
     return _chunk(END, _END.pack(records, tables))
@@ -131,13 +148,17 @@ class StreamChecker:
     Any break raises :class:`StreamError`; the caller makes it corruption.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, delta: bool = False) -> None:
+        self.delta = delta
         self._buf = bytearray()
         self._at = 0  # stream offset of _buf[0]
         self._table: str | None = None
         self._table_raw = b""
         self._last_key = b""
+        self._last_deleted = b""
+        self._deleted: set[bytes] = set()  # this table's deleted keys (delta streams only)
         self._puts_in_table = 0
+        self._chunks_in_table = 0
         self.records = 0
         self.counts: dict[str, int] = {}
         self.ended = False
@@ -187,11 +208,13 @@ class StreamChecker:
             self._end(payload, at)
             return None
         if kind == DELETES:
-            raise StreamError(at, "a deletes chunk in a full snapshot")
+            if not self.delta:
+                raise StreamError(at, "a deletes chunk in a full snapshot")
+            return self._deletes(payload, at)
         raise StreamError(at, f"unknown chunk kind {kind!r}")
 
     def _close_table(self, at: int) -> None:
-        if self._table is not None and not self._puts_in_table:
+        if self._table is not None and not self._chunks_in_table:
             raise StreamError(at, f"table {self._table!r} holds no keys")
 
     def _open_table(self, payload: bytes, at: int) -> None:
@@ -206,8 +229,35 @@ class StreamChecker:
         if self._table is not None and payload <= self._table_raw:
             raise StreamError(at, f"table {name!r} out of order after {self._table!r}")
         self._table, self._table_raw = name, payload
-        self._last_key, self._puts_in_table = b"", 0
+        self._last_key, self._puts_in_table, self._chunks_in_table = b"", 0, 0
+        self._last_deleted = b""
+        self._deleted = set()
         self.counts[name] = 0
+
+    def _deletes(self, payload: bytes, at: int) -> TableChunk:
+        if self._table is None:
+            raise StreamError(at, "deletes before any table chunk")
+        if self._puts_in_table:
+            raise StreamError(at, f"table {self._table!r}: deletes after puts")
+        try:
+            keys = _deletes_decoder.decode(payload)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise StreamError(at, f"a deletes chunk that does not decode: {exc}") from None
+        if not keys:
+            raise StreamError(at, "an empty deletes chunk")
+        why = _keys_problem(keys, self._last_deleted)
+        if why is not None:
+            raise StreamError(at, f"table {self._table!r}: deletes: {why}")
+        self._last_deleted = keys[-1]
+        self._deleted.update(keys)
+        self._counted(keys)
+        return TableChunk(self._table, keys, [], deleted=True)
+
+    def _counted(self, keys: list[bytes]) -> None:
+        assert self._table is not None
+        self._chunks_in_table += 1
+        self.counts[self._table] += len(keys)
+        self.records += len(keys)
 
     def _puts(self, payload: bytes, at: int) -> TableChunk:
         if self._table is None:
@@ -228,10 +278,11 @@ class StreamChecker:
         why = _keys_problem(keys, self._last_key)
         if why is not None:
             raise StreamError(at, f"table {self._table!r}: {why}")
+        if self._deleted and not self._deleted.isdisjoint(keys):
+            raise StreamError(at, f"table {self._table!r}: a key both deleted and put")
         self._last_key = keys[-1]
         self._puts_in_table += 1
-        self.counts[self._table] += len(keys)
-        self.records += len(keys)
+        self._counted(keys)
         return TableChunk(self._table, keys, raws)
 
     def _end(self, payload: bytes, at: int) -> None:

@@ -45,15 +45,9 @@ from statelog.recovery.replay import LogEnd, recover_log
 from statelog.recovery.report import Outcome, RecoveryReport, Rejection
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image import BaseLevel
-from statelog.storage.image_cache import (
-    copy_reusable,
-    extract_stamped,
-    image_path,
-    reusable_image,
-    stamp_of,
-)
+from statelog.storage.image_cache import stamp_of
 from statelog.storage.layout import StoreLayout
+from statelog.storage.levels import ImageSources, open_chain
 from statelog.storage.pins import PIN_DIR, pin
 from statelog.storage.snapshots import SnapshotMeta, list_snapshots
 
@@ -136,35 +130,30 @@ def install_snapshot(
     *,
     shared_images: Path | None = None,
 ) -> tuple[SnapshotMeta, str | None]:
-    """Verify ``path`` while extracting it (one read), then map it as ``state``'s base.
+    """Verify ``path`` and its chain while extracting them, then map them as ``state``'s base.
 
-    An image of ``path`` that is still intact (``statelog.storage.image_cache``)
-    is mapped instead, without building it from the snapshot's body: one in
+    For a delta snapshot every link of its chain is verified
+    (:func:`statelog.storage.levels.open_chain`) and the base is the chain's
+    stack of images. An image that is still intact (``statelog.storage.image_cache``)
+    is mapped instead of being built from the snapshot's body again: one in
     ``image_dir`` (extracted by this store before, or published there by the
     compactor), else a private copy of one in ``shared_images`` (a read-only
     open copies the writer's ``STORE/base`` image rather than map it). With
     ``wal_dir``, the snapshot is installed only if it links to that log;
-    otherwise the image is removed and the reason returned.
+    otherwise the reason is returned and nothing is installed.
 
-    :raises CorruptionError: the snapshot did not verify (nothing installed).
+    :raises CorruptionError: the snapshot or a link of its chain did not
+        verify (nothing installed).
     """
     files.makedirs(image_dir)
-    found = reusable_image(image_dir, path, store_id=store_id)
-    if found is None and shared_images is not None and shared_images != image_dir:
-        found = copy_reusable(shared_images, path, image_dir, store_id=store_id)
-    if found is not None:
-        dest, meta = found
-        log.info("snapshot=%s event=image_reused image=%s", path.name, dest.name)
-    else:
-        dest = image_path(image_dir, path)
-        meta = extract_stamped(files, path, dest, store_id=store_id)
+    copy = shared_images if shared_images not in (None, image_dir) else None
+    chain, base = open_chain(files, path, store_id, ImageSources(image_dir, (image_dir,), copy))
+    meta = chain.meta
     why = check_link(wal_dir, meta) if wal_dir is not None else None
     if why is not None:
-        for p in (dest, stamp_of(dest)):
-            with contextlib.suppress(FileNotFoundError):
-                files.remove(p)
+        base.close()
         return meta, why
-    old = state.swap_base(BaseLevel(dest), meta.lsn)
+    old = state.swap_base(base, meta.lsn)
     old.close()
     state.epoch = meta.lsn
     state.offsets = dict(meta.offsets)
@@ -314,7 +303,7 @@ def _climb(
         raise ResnapshotRequired(
             "no snapshot verifies and the log does not reach epoch 1", tried
         ) from exc
-    _remove_stale_images(files, image_dir, keep=None)
+    _remove_stale_images(files, image_dir, keep=())
     return _with(report, None, rejected, started), end
 
 
@@ -329,21 +318,21 @@ def _with(
     )
 
 
-def _mapped(state: LiveState) -> Path | None:
-    """The image file ``state``'s base maps (None: the empty base)."""
-    path = getattr(state.base, "path", None)
-    return Path(path) if path is not None else None
+def _mapped(state: LiveState) -> tuple[Path, ...]:
+    """The image files ``state``'s base maps (none: the empty base)."""
+    return tuple(getattr(state.base, "paths", ()))
 
 
-def _remove_stale_images(files: FileLayer, image_dir: Path, keep: Path | None) -> None:
-    """Delete every file in ``image_dir`` but ``keep``, in a background thread.
+def _remove_stale_images(files: FileLayer, image_dir: Path, keep: tuple[Path, ...]) -> None:
+    """Delete every file in ``image_dir`` but the images ``keep`` and their stamps,
+    in a background thread.
 
     The list is taken now, so images a base swap extracts later are never
     touched. A process that exits first leaves the rest to the next open.
     """
     if not image_dir.is_dir():
         return
-    kept = {keep, stamp_of(keep)} if keep is not None else set()
+    kept = {p for image in keep for p in (image, stamp_of(image))}
     stale = [p for p in image_dir.iterdir() if p not in kept]
     if not stale:
         return

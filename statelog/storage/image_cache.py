@@ -35,13 +35,14 @@ import os
 import secrets
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 import crc32c
+import msgspec
 
-from statelog.format.snapshot import FOOTER_SIZE
+from statelog.format.snapshot import FOOTER_SIZE, DeltaDoc
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import parse_json_doc
 from statelog.storage.snapshots import SnapshotMeta, extract_snapshot
@@ -64,6 +65,29 @@ STAMP_SUFFIX = ".ok"
 PUBLISHED_TAG = "c"
 """First letter of the token of an image the compactor published (see :func:`publish_image`)."""
 _CHUNK = 8 << 20
+
+# Files this process has already checked whole (an image's CRC-32C, a
+# snapshot's SHA-256), by path, size, mtime and inode: a writer swapping in
+# each delta of a chain reopens the chain's full image every time, and
+# must not read gigabytes to recheck what it checked a minute ago. A file
+# changed since (new size, mtime or inode) is checked again.
+_checked: set[tuple[str, int, int, int, object]] = set()
+
+
+def _identity(path: Path, what: object) -> tuple[str, int, int, int, object]:
+    st = path.stat()
+    return (str(path), st.st_size, st.st_mtime_ns, st.st_ino, what)
+
+
+def _check_once(path: Path, what: object, check: Any) -> bool:
+    """``check()``, or True without calling it if ``path`` passed it unchanged before."""
+    key = _identity(path, what)
+    if key in _checked:
+        return True
+    ok = bool(check())
+    if ok:
+        _checked.add(key)
+    return ok
 
 
 def stamp_of(image: Path) -> Path:
@@ -93,7 +117,13 @@ def _stamp(files: FileLayer, image: Path, snapshot: Path, meta: SnapshotMeta) ->
 
 
 def publish_image(
-    files: FileLayer, image: Path, image_dir: Path, snapshot: Path, meta: SnapshotMeta
+    files: FileLayer,
+    image: Path,
+    image_dir: Path,
+    snapshot: Path,
+    meta: SnapshotMeta,
+    *,
+    keep: Collection[str] = (),
 ) -> Path | None:
     """Move the compactor's finished ``image`` of ``snapshot`` into ``image_dir``, stamped.
 
@@ -101,8 +131,9 @@ def publish_image(
     (which copy it), instead of building the image from the snapshot
     again; also the next compaction pass's starting point. Order: the image is
     renamed into place, then its stamp written; then the images this
-    function published for older snapshots are removed (a process still
-    mapping one keeps its pages until it unmaps). Nothing here is a
+    function published for older snapshots are removed, except those of
+    the snapshots named in ``keep`` (the chain ``snapshot`` extends), and a
+    process still mapping one keeps its pages until it unmaps. Nothing here is a
     durable step: a crash leaves at worst an unstamped image, which the
     writer's next open removes. Returns the image's new path, or None.
     """
@@ -116,7 +147,8 @@ def publish_image(
     _stamp(files, dest, snapshot, meta)
     stem = snapshot.name.removesuffix(".snap")
     for old in image_dir.glob(f"*.{PUBLISHED_TAG}*.mdb"):
-        if old.name.split(".", 1)[0] < stem:
+        old_stem = old.name.split(".", 1)[0]
+        if old_stem < stem and f"{old_stem}.snap" not in keep:
             for p in (old, stamp_of(old)):
                 with contextlib.suppress(OSError):
                     files.remove(p)
@@ -156,7 +188,9 @@ def reusable_image(
     """
     for image, doc, meta in _candidates(image_dir, snapshot, store_id):
         try:
-            intact = image.stat().st_size == doc["image_bytes"] and image_crc(image) == doc["crc"]
+            intact = image.stat().st_size == doc["image_bytes"] and _check_once(
+                image, doc["crc"], lambda image=image, doc=doc: image_crc(image) == doc["crc"]
+            )
         except OSError:
             intact = False
         if intact:
@@ -214,7 +248,7 @@ def _candidates(
         if named != (snapshot.name, size, footer) or meta.store_id != store_id:
             continue
         if not hashed:
-            if not _hashes_to_footer(snapshot, size, footer):
+            if not _check_once(snapshot, footer, lambda: _hashes_to_footer(snapshot, size, footer)):
                 return
             hashed = True
         yield stamp.with_name(stamp.name.removesuffix(STAMP_SUFFIX)), doc, meta
@@ -237,6 +271,7 @@ def _doc(snapshot: Path, image_bytes: int, crc: int, meta: SnapshotMeta) -> byte
             "tables": meta.tables,
             "body_bytes": meta.body_bytes,
             "created_ms": meta.created_ms,
+            "delta": msgspec.to_builtins(meta.delta),
         },
     }
     raw = json.dumps(body, sort_keys=True, separators=(",", ":"))
@@ -254,9 +289,10 @@ def _load(stamp: Path) -> tuple[dict[str, Any], SnapshotMeta] | None:
         meta = SnapshotMeta(
             uuid.UUID(m["store_id"]), m["epoch"], m["lsn"], m["chain"], dict(m["offsets"]),
             m["low_watermark_ms"], dict(m["tables"]), m["body_bytes"], m["created_ms"],
+            msgspec.convert(m.get("delta"), DeltaDoc | None), str(doc["footer"])[:64],
         )  # fmt: skip
         return doc, meta
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, msgspec.ValidationError):
         return None  # torn, edited or foreign: extract again
 
 

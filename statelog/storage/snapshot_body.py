@@ -13,13 +13,14 @@ disk nor run for long.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
 from typing import IO, Protocol
 
 import lmdb
+import msgspec
 
 from statelog.format.stream import (
     TARGET_CHUNK_BYTES,
@@ -27,6 +28,7 @@ from statelog.format.stream import (
     StreamChecker,
     StreamError,
     TableChunk,
+    encode_deletes,
     encode_end,
     encode_puts,
     encode_table,
@@ -35,14 +37,20 @@ from statelog.format.stream import (
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "MAX_RATIO",
+    "TOMBSTONE",
     "BodyTooLarge",
     "ChunkConsumer",
     "CountingSink",
     "StreamBuild",
     "StreamSink",
     "body_limit",
+    "stream_delta",
     "stream_image",
 ]
+
+TOMBSTONE = b""
+"""The value a delta's image stores for a deleted key: no msgpack object encodes to b"",
+so a read tells it from every value."""
 
 MAX_RATIO = 1024
 """A body may decompress to at most this many times its compressed size (plus 1 MiB)."""
@@ -101,9 +109,9 @@ class StreamSink(CountingSink):
     else nowhere (a verification that parses only).
     """
 
-    def __init__(self, limit: int, build: ChunkConsumer | None) -> None:
+    def __init__(self, limit: int, build: ChunkConsumer | None, *, delta: bool = False) -> None:
         super().__init__(None, limit)
-        self.checker = StreamChecker()
+        self.checker = StreamChecker(delta=delta)
         self._build = build
 
     def write(self, data: bytes) -> int:
@@ -120,10 +128,13 @@ class StreamBuild:
     Single-threaded, scratch (no fsync). Each chunk is one write
     transaction; a full map doubles and the chunk is put again. Append mode
     refuses a key that does not sort after the last one, so the image's
-    order holds even if a caller skipped the checker.
+    order holds even if a caller skipped the checker. With ``delta``, a
+    ``D`` chunk's keys are stored with the value :data:`TOMBSTONE`, and
+    keys are put in place rather than appended (a table's deletes and puts
+    are each in order, not together).
     """
 
-    def __init__(self, path: Path, *, tables: int, size_hint: int) -> None:
+    def __init__(self, path: Path, *, tables: int, size_hint: int, delta: bool = False) -> None:
         """Start an empty image at ``path`` with room for ``tables`` tables.
 
         :raises FileExistsError: ``path`` exists.
@@ -135,6 +146,7 @@ class StreamBuild:
         self._max_tables = max(1, tables)
         self._env = lmdb.open(str(path), map_size=self._map, max_dbs=self._max_tables, **_SCRATCH)
         self._dbs: dict[str, lmdb._Database] = {}
+        self._delta = delta
 
     def add(self, chunk: TableChunk) -> None:
         """Append ``chunk``'s keys to its table.
@@ -148,11 +160,17 @@ class StreamBuild:
                 raise StreamError(0, f"more tables than the {self._max_tables} the meta lists")
             db = self._env.open_db(chunk.table.encode("utf-8"), create=True)
             self._dbs[chunk.table] = db
+        values: list[bytes] | list[msgspec.Raw] = chunk.values
+        if chunk.deleted:
+            values = [TOMBSTONE] * len(chunk.keys)
         while True:
             try:
                 with self._env.begin(write=True, db=db) as txn, txn.cursor() as cur:
                     _consumed, added = cur.putmulti(
-                        zip(chunk.keys, chunk.values, strict=True), dupdata=False, append=True
+                        zip(chunk.keys, values, strict=True),
+                        dupdata=False,
+                        append=not self._delta,
+                        overwrite=False,
                     )
                     if added != len(chunk.keys):
                         raise StreamError(0, f"table {chunk.table!r}: keys out of order")
@@ -195,6 +213,35 @@ def stream_image(image: Path, write: Callable[[bytes], object]) -> tuple[int, di
                     n += len(keys)
             if n:
                 counts[table] = n
+    tail = encode_end(sum(counts.values()), len(counts))
+    write(tail)
+    return size + len(tail), counts
+
+
+def stream_delta(
+    tables: Iterable[tuple[str, Sequence[bytes], Sequence[tuple[bytes, bytes]]]],
+    write: Callable[[bytes], object],
+) -> tuple[int, dict[str, int]]:
+    """Write a delta's record stream through ``write``.
+
+    ``tables`` gives, in table-name order, each table's deleted keys
+    (encoded, sorted) and its puts (encoded key and msgpack value, sorted
+    by key); a table with neither is left out. Returns the stream's size
+    and the records (puts and deletes) per table.
+    """
+    size, counts = 0, {}
+    for table, deletes, puts in tables:
+        if not deletes and not puts:
+            continue
+        parts = [encode_table(table)]
+        for i in range(0, len(deletes), TARGET_CHUNK_RECORDS):
+            parts.append(encode_deletes(deletes[i : i + TARGET_CHUNK_RECORDS]))
+        for keys, values in _chunks(iter(puts)):
+            parts.append(encode_puts(keys, values))
+        for part in parts:
+            write(part)
+            size += len(part)
+        counts[table] = len(deletes) + len(puts)
     tail = encode_end(sum(counts.values()), len(counts))
     write(tail)
     return size + len(tail), counts

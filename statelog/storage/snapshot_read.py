@@ -23,12 +23,14 @@ import zstandard
 from statelog.errors import CorruptionError, FormatVersionError
 from statelog.format.snapshot import (
     END_MAGIC,
+    FLAG_DELTA,
     FOOTER_SIZE,
     HEADER_SIZE,
     IMAGE_VERSION,
     MAGIC,
     READABLE_VERSIONS,
     VERSION,
+    DeltaDoc,
     MetaDoc,
     SnapshotHeader,
     decode_meta,
@@ -63,7 +65,9 @@ class SnapshotMeta:
     """Everything a snapshot says about itself, besides its body.
 
     ``body_bytes`` is what the body decompresses to: the record stream
-    (format 2) or the LMDB image (format 1).
+    (format 2) or the LMDB image (format 1). ``delta`` is the link of a
+    delta snapshot to its parent (None: a full snapshot); ``sha256`` is the
+    footer's digest in hex, which a child delta names as its parent's.
     """
 
     store_id: uuid.UUID
@@ -75,6 +79,13 @@ class SnapshotMeta:
     tables: dict[str, int]
     body_bytes: int
     created_ms: int
+    delta: DeltaDoc | None = None
+    sha256: str = ""
+
+    @property
+    def depth(self) -> int:
+        """Deltas from the chain's full snapshot to this one (0: a full snapshot)."""
+        return 0 if self.delta is None else self.delta.depth
 
 
 def open_read(path: Path) -> IO[bytes]:
@@ -162,13 +173,16 @@ def read_snapshot(
         elif isinstance(out, Path) or out is None:
             build: ChunkConsumer | None = consume
             if out is not None:
-                build = StreamBuild(out, tables=len(doc.tables), size_hint=doc.body_bytes)
+                n = len(doc.delta.changes) if doc.delta is not None else len(doc.tables)
+                build = StreamBuild(
+                    out, tables=n, size_hint=doc.body_bytes, delta=doc.delta is not None
+                )
             _read_stream(path, h, doc, body, digest, size, build, parse=parse or build is not None)
         else:
             raise TypeError("a format-2 image is built at a path")
     return SnapshotMeta(
         h.store_id, h.epoch, h.lsn, h.chain, doc.offsets, doc.low_watermark_ms, doc.tables,
-        doc.body_bytes, doc.created_ms,
+        doc.body_bytes, doc.created_ms, doc.delta, digest.hex(),
     )  # fmt: skip
 
 
@@ -189,7 +203,7 @@ def _read_stream(
         return
     at = HEADER_SIZE + h.meta_len
     try:
-        sink = StreamSink(doc.body_bytes, build)
+        sink = StreamSink(doc.body_bytes, build, delta=doc.delta is not None)
         try:
             _check_body(path, body, sink, digest, size, True)
             sink.checker.finish()
@@ -199,7 +213,8 @@ def _read_stream(
             raise OSError(f"{path}: building its image failed: {exc}") from exc
         if sink.written != doc.body_bytes:
             raise _fail(path, at, f"body: {sink.written} bytes, the meta declares {doc.body_bytes}")
-        if sink.checker.counts != doc.tables:
+        want = doc.delta.changes if doc.delta is not None else doc.tables
+        if sink.checker.counts != want:
             raise _fail(path, HEADER_SIZE, "meta: its table counts disagree with the body")
     except BaseException:
         if isinstance(build, StreamBuild):
@@ -223,8 +238,9 @@ def _check_header(
     if size < HEADER_SIZE + FOOTER_SIZE:
         raise _fail(path, size, f"size: truncated, {size} bytes is less than header+footer")
     h = SnapshotHeader.unpack(head)
-    if h.header_len != HEADER_SIZE or h.flags:
-        why = f"header: header_len={h.header_len} flags={h.flags:#x}, want 64 and 0"
+    flags_ok = h.flags == 0 or (h.flags == FLAG_DELTA and h.version == VERSION)
+    if h.header_len != HEADER_SIZE or not flags_ok:
+        why = f"header: header_len={h.header_len} flags={h.flags:#x}, want 64 and 0 or 1"
         raise _fail(path, 10, why)
     declared = HEADER_SIZE + h.meta_len + h.body_len + FOOTER_SIZE
     if declared != size:
@@ -250,6 +266,14 @@ def _check_meta(path: Path, h: SnapshotHeader, raw_meta: bytes) -> MetaDoc:
         raise _fail(path, HEADER_SIZE, f"meta: does not decode: {exc}") from None
     if doc.compression != "zstd":
         raise _fail(path, HEADER_SIZE, f"meta: unknown compression {doc.compression!r}")
+    if (doc.delta is not None) != bool(h.flags & FLAG_DELTA):
+        why = "meta: a delta link without the header's delta flag, or the flag without a link"
+        raise _fail(path, HEADER_SIZE, why)
+    if doc.delta is not None:
+        parent = parse_snapshot_name(doc.delta.parent)
+        if parent is None or parent[1] >= h.lsn:
+            why = f"meta: delta parent {doc.delta.parent} does not end before LSN {h.lsn}"
+            raise _fail(path, HEADER_SIZE, why)
     limit = body_limit(h.body_len)
     if doc.body_bytes > limit:
         raise CorruptionError(

@@ -16,15 +16,19 @@ that failed, an ``OSError`` propagates (an I/O error is not damage).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+import msgspec
 import zstandard
 
 from statelog.format.snapshot import (
+    FLAG_DELTA,
     HEADER_SIZE,
     IMAGE_VERSION,
     VERSION,
@@ -45,8 +49,12 @@ __all__ = [
     "parse_snapshot_name",
     "snapshot_name",
     "verify_snapshot",
+    "write_delta_snapshot",
     "write_snapshot",
 ]
+
+StreamWriter = Callable[[Callable[[bytes], object]], tuple[int, dict[str, int]]]
+"""Writes a record stream through the callable it is given; returns its size and counts."""
 
 _CHUNK = 1 << 20
 
@@ -103,17 +111,68 @@ def write_snapshot(
         possible. If only the last directory fsync failed, the complete
         file may be visible (as with ``FileLayer.create_durable``).
     """
+    return _write(
+        files, snap_dir, meta, image.parent,
+        lambda body: _compress(image, body, meta, level, version), version,
+    )  # fmt: skip
+
+
+def write_delta_snapshot(
+    files: FileLayer,
+    snap_dir: Path,
+    meta: SnapshotMeta,
+    stream: StreamWriter,
+    *,
+    scratch: Path,
+    level: int = 3,
+) -> tuple[Path, SnapshotMeta]:
+    """Write the delta snapshot ``meta`` describes (``meta.delta`` set), its body from ``stream``.
+
+    ``stream`` writes the delta's record stream
+    (:func:`~statelog.storage.snapshot_body.stream_delta`); ``meta.tables``
+    is the state's keys per table after the delta, which the caller knows;
+    ``body_bytes``, ``delta.changes`` and ``delta.chain_bytes`` (the parent's
+    chain bytes, as given, plus this body) are filled in here. The durable
+    steps are :func:`write_snapshot`'s; the compressed body goes to an
+    unnamed scratch file in ``scratch`` first.
+
+    :raises ValueError: ``meta`` is out of range or has no ``delta``.
+    :raises FileExistsError: a snapshot of that name exists.
+    :raises OSError: as :func:`write_snapshot`.
+    """
+    if meta.delta is None:
+        raise ValueError("a delta snapshot needs meta.delta")
+    delta = meta.delta
+
+    def produce(body: IO[bytes]) -> SnapshotMeta:
+        cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)
+        with cctx.stream_writer(body, closefd=False, write_size=_CHUNK) as writer:
+            size, changes = stream(writer.write)
+        link = msgspec.structs.replace(delta, changes=changes, chain_bytes=delta.chain_bytes + size)
+        return dataclasses.replace(meta, body_bytes=size, delta=link)
+
+    return _write(files, snap_dir, meta, scratch, produce, VERSION)
+
+
+def _write(
+    files: FileLayer,
+    snap_dir: Path,
+    meta: SnapshotMeta,
+    scratch: Path,
+    produce: Callable[[IO[bytes]], SnapshotMeta],
+    version: int,
+) -> tuple[Path, SnapshotMeta]:
     _check(meta)
     final = snap_dir / snapshot_name(meta.epoch, meta.lsn)
     if final.exists():
         raise FileExistsError(final)
     tmp = final.with_name(final.name + ".tmp")
-    with tempfile.TemporaryFile(dir=image.parent) as body:
-        meta = _compress(image, body, meta, level, version)
+    with tempfile.TemporaryFile(dir=scratch) as body:
+        meta = produce(body)
         head = _pack_head(meta, body.tell(), version)
         body.seek(0)
         try:
-            _append_durably(files, tmp, head, body)
+            digest = _append_durably(files, tmp, head, body)
             files.rename(tmp, final)
         except BaseException:
             for stray in (tmp, tmp.with_name(tmp.name + ".tmp")):
@@ -121,7 +180,7 @@ def write_snapshot(
                     files.remove(stray)
             raise
     files.fsync_dir(snap_dir)
-    return final, meta
+    return final, dataclasses.replace(meta, sha256=digest.hex())
 
 
 def _compress(
@@ -141,14 +200,12 @@ def _compress(
 
 
 def _with(meta: SnapshotMeta, body_bytes: int, tables: dict[str, int]) -> SnapshotMeta:
-    return SnapshotMeta(
-        meta.store_id, meta.epoch, meta.lsn, meta.chain, meta.offsets, meta.low_watermark_ms,
-        dict(tables), body_bytes, meta.created_ms,
-    )  # fmt: skip
+    return dataclasses.replace(meta, tables=dict(tables), body_bytes=body_bytes, delta=None)
 
 
-def _append_durably(files: FileLayer, tmp: Path, head: bytes, body: IO[bytes]) -> None:
-    """``create_durable(tmp, head)``, then the body and the footer appended and synced."""
+def _append_durably(files: FileLayer, tmp: Path, head: bytes, body: IO[bytes]) -> bytes:
+    """``create_durable(tmp, head)``, then the body and the footer appended and synced;
+    returns the footer's digest."""
     hasher = hashlib.sha256(head)
     files.create_durable(tmp, head)
     out = files.open_append(tmp)
@@ -160,6 +217,7 @@ def _append_durably(files: FileLayer, tmp: Path, head: bytes, body: IO[bytes]) -
         out.sync()
     finally:
         out.close()
+    return hasher.digest()
 
 
 def _check(meta: SnapshotMeta) -> None:
@@ -170,10 +228,18 @@ def _check(meta: SnapshotMeta) -> None:
 def _pack_head(meta: SnapshotMeta, body_len: int, version: int) -> bytes:
     encoded = encode_meta(
         meta.offsets, meta.low_watermark_ms, meta.tables, meta.body_bytes, meta.created_ms,
-        version=version,
+        version=version, delta=meta.delta,
     )  # fmt: skip
+    flags = FLAG_DELTA if meta.delta is not None else 0
     fixed = SnapshotHeader(
-        meta.store_id, meta.epoch, meta.lsn, meta.chain, len(encoded), body_len, version
+        meta.store_id,
+        meta.epoch,
+        meta.lsn,
+        meta.chain,
+        len(encoded),
+        body_len,
+        version,
+        flags=flags,
     ).pack()
     return fixed + encoded
 

@@ -4,10 +4,11 @@ The compactor (its own process) publishes snapshots into ``STORE/snapshots``.
 A thread of the writing process polls that directory. A snapshot newer than
 the base in use is installed only when it links to *this* writer's log: its
 ``(lsn, chain)`` must equal the end of a sealed segment the writer replayed
-or wrote. Its image is verified while it is extracted to ``STORE/base/``,
-mapped read-only, and swapped in under the store's view lock, so a reader
-sees either the old base with every generation or the new base with the
-generations it did not fold: one consistent state either way. All the
+or wrote. It, and for a delta every link of its chain, is verified while
+extracted to ``STORE/base/`` (or its published image checked against its
+stamp), mapped read-only, and swapped in under the store's view lock, so a
+reader sees either the old base with every generation or the new base with
+the generations it did not fold: one consistent state either way. All the
 reading, hashing and decompressing happens off the commit path.
 """
 
@@ -24,9 +25,9 @@ from statelog.errors import CorruptionError, FormatVersionError, StorageError
 from statelog.events import emit
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image import BaseLevel
-from statelog.storage.image_cache import extract_stamped, image_path, reusable_image, stamp_of
-from statelog.storage.snapshots import SnapshotMeta, list_snapshots
+from statelog.storage.image_cache import stamp_of
+from statelog.storage.levels import ImageSources, open_chain
+from statelog.storage.snapshots import list_snapshots
 
 __all__ = ["BaseWatcher"]
 
@@ -83,10 +84,12 @@ class BaseWatcher:
                 continue  # not the end of a segment this writer knows: not ours to judge
             try:
                 self._files.makedirs(self._image_dir)
-                meta, dest = self._image_of(path)
-                if meta.chain != chain:
-                    raise CorruptionError(path, 0, f"chain {meta.chain:#010x} != log {chain:#010x}")
-                base = BaseLevel(dest)
+                sources = ImageSources(self._image_dir, (self._image_dir,))
+                found, base = open_chain(self._files, path, self._store_id, sources)
+                if found.meta.chain != chain:
+                    base.close()
+                    why = f"chain {found.meta.chain:#010x} != log {chain:#010x}"
+                    raise CorruptionError(path, 0, why)
             except (CorruptionError, FormatVersionError) as exc:
                 self._refused.add(path)  # damage does not heal: never try this file again
                 log.error(
@@ -111,8 +114,8 @@ class BaseWatcher:
             with self._view:
                 old = state.swap_base(base, lsn)
             old.close()
-            if old_path := getattr(old, "path", None):
-                for p in (Path(old_path), stamp_of(Path(old_path))):
+            for image in set(getattr(old, "paths", ())) - set(base.paths):
+                for p in (image, stamp_of(image)):
                     with contextlib.suppress(FileNotFoundError):  # a compactor's, removed by it
                         self._files.remove(p)
             for k in [k for k in self._boundaries if k < lsn]:
@@ -128,18 +131,6 @@ class BaseWatcher:
                 self._on_swap(path, lsn)
             return path
         return None
-
-    def _image_of(self, path: Path) -> tuple[SnapshotMeta, Path]:
-        """The image of snapshot ``path``: the compactor's, if it published one intact, else
-        one built from the snapshot here (verified as it is built).
-
-        :raises CorruptionError: the snapshot did not verify.
-        """
-        found = reusable_image(self._image_dir, path, store_id=self._store_id)
-        if found is not None:
-            return found[1], found[0]
-        dest = image_path(self._image_dir, path)
-        return extract_stamped(self._files, path, dest, store_id=self._store_id), dest
 
     def stop(self) -> None:
         self._stop.set()

@@ -1,0 +1,182 @@
+"""Delta passes: what a tail changed, written as a delta snapshot on top of its chain.
+
+A pass whose base is a snapshot folds the sealed tail into :class:`Changes`
+(the tail's net effect per key, never the state), then either
+
+* writes a **delta snapshot**: the changed keys, sorted, deletes and puts,
+  linked to the base by the base's name and SHA-256 (:func:`write_delta`),
+  at a cost that follows the tail, not the state; or
+* when :class:`ChainPolicy` says the chain has grown long or heavy enough,
+  a **full merge**: the chain's full image, each delta's image applied in
+  order, then the tail (:func:`merge_chain`, then the usual fold), written
+  as a full snapshot that starts a new chain.
+
+The merge rule is size-tiered: a full snapshot is written once the deltas
+since the last one would hold more than ``full_ratio`` of its body, or the
+chain would pass ``max_chain`` deltas; so the bytes written per pass stay
+bounded by about ``1 + 1/full_ratio`` times what the tail changed, and
+restart reads at most ``max_chain`` deltas besides the full snapshot.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from statelog.compaction.replay import Folding
+from statelog.format.snapshot import DeltaDoc
+from statelog.format.stream import TableChunk
+from statelog.storage.builder import ImageBuilder
+from statelog.storage.image import Delta, encode_key
+from statelog.storage.layered import LayeredBase
+from statelog.storage.levels import Chain
+from statelog.storage.snapshot_body import TOMBSTONE, StreamBuild, stream_delta
+from statelog.storage.snapshots import SnapshotMeta
+
+__all__ = ["ChainPolicy", "Changes", "DeltaPlan", "delta_meta", "merge_chain", "plan_delta"]
+
+_BATCH = 65536  # entries of a delta image applied per write transaction in a merge
+
+
+@dataclass(frozen=True)
+class ChainPolicy:
+    """When a pass writes a full snapshot instead of a delta.
+
+    ``max_chain``: the most deltas above a full snapshot (0: every pass
+    writes a full snapshot, as a store without deltas does).
+    ``full_ratio``: a full snapshot is written once the chain's delta bytes,
+    this pass's tail included, would exceed this fraction of the full
+    snapshot's body.
+    """
+
+    max_chain: int = 8
+    full_ratio: float = 0.5
+
+    def wants_full(self, parent: SnapshotMeta, tail_bytes: int, *, portable: bool) -> bool:
+        """Whether a pass on ``parent`` with a tail of ``tail_bytes`` log bytes merges.
+
+        The tail's log bytes stand in for the delta's body (an upper bound:
+        the delta holds each changed key once). A format-1 parent (not
+        ``portable``) is always merged, so no delta ever rests on one.
+        """
+        if not portable or parent.depth + 1 > self.max_chain:
+            return True
+        link = parent.delta
+        chain_bytes = link.chain_bytes if link is not None else 0
+        full_bytes = link.full_bytes if link is not None else parent.body_bytes
+        return chain_bytes + tail_bytes > self.full_ratio * full_bytes
+
+
+class Changes:
+    """The net effect of folded records: per table, encoded key -> value (None: deleted)."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, dict[bytes, bytes | None]] = {}
+
+    def apply_batch(self, deltas: Iterable[Delta]) -> None:
+        """Apply deltas in order, each its deletes before its puts (as a commit does)."""
+        for table, keys, values, deletes in deltas:
+            entries = self.tables.setdefault(table, {})
+            for k in deletes:
+                entries[encode_key(k)] = None
+            entries.update(zip(map(encode_key, keys), values, strict=True))
+
+
+@dataclass
+class DeltaPlan:
+    """A delta ready to write: its tables' deletes and puts, and the state's counts after it."""
+
+    tables: list[tuple[str, list[bytes], list[tuple[bytes, bytes]]]]
+    counts: dict[str, int]
+
+    def stream(self, write: Callable[[bytes], object]) -> tuple[int, dict[str, int]]:
+        """Write the delta's record stream through ``write``; its size and counts."""
+        return stream_delta(self.tables, write)
+
+    def build_image(self, path: Path) -> None:
+        """The delta's image at ``path``: its puts, and :data:`TOMBSTONE` for its deletes."""
+        build = StreamBuild(
+            path, tables=len(self.tables), size_hint=_plan_bytes(self.tables), delta=True
+        )
+        try:
+            for table, deletes, puts in self.tables:
+                if deletes:
+                    build.add(TableChunk(table, deletes, [], deleted=True))
+                if puts:
+                    raws = [msgspec.Raw(v) for _k, v in puts]
+                    build.add(TableChunk(table, [k for k, _v in puts], raws))
+        finally:
+            build.close()
+
+
+def _plan_bytes(tables: list[tuple[str, list[bytes], list[tuple[bytes, bytes]]]]) -> int:
+    return sum(sum(map(len, d)) + sum(len(k) + len(v) for k, v in p) for _t, d, p in tables)
+
+
+def plan_delta(base: LayeredBase, parent: SnapshotMeta, changes: Changes) -> DeltaPlan:
+    """What the delta of ``changes`` over the state ``base`` holds, and the counts after it.
+
+    One batched lookup per table tells which changed keys the state held:
+    a delete of a key it did not hold is left out, and each table's count
+    moves by the keys added less the keys deleted.
+    """
+    counts = dict(parent.tables)
+    tables = []
+    for table in sorted(changes.tables, key=lambda t: t.encode("utf-8")):
+        entries = changes.tables[table]
+        ekeys = sorted(entries)
+        before = base.get_many(table, ekeys)
+        deletes: list[bytes] = []
+        puts: list[tuple[bytes, bytes]] = []
+        added = 0
+        for k, old in zip(ekeys, before, strict=True):
+            new = entries[k]
+            if new is None:
+                if old is not None:
+                    deletes.append(k)
+            else:
+                puts.append((k, new))
+                added += old is None
+        counts[table] = counts.get(table, 0) + added - len(deletes)
+        tables.append((table, deletes, puts))
+    return DeltaPlan(tables, {t: n for t, n in counts.items() if n > 0})
+
+
+def delta_meta(chain: Chain, fold: Folding, plan: DeltaPlan) -> SnapshotMeta:
+    """The meta of the delta that ``fold`` and ``plan`` make on top of ``chain``
+    (``body_bytes`` and the link's ``changes`` and ``chain_bytes`` are completed
+    by :func:`~statelog.storage.snapshots.write_delta_snapshot`)."""
+    parent = chain.meta
+    link = parent.delta
+    doc = DeltaDoc(
+        parent=chain.snapshots[-1].name,
+        parent_sha256=parent.sha256,
+        depth=parent.depth + 1,
+        chain_bytes=link.chain_bytes if link is not None else 0,
+        full_bytes=link.full_bytes if link is not None else parent.body_bytes,
+        changes={},
+    )
+    return SnapshotMeta(
+        parent.store_id, fold.good_epoch, fold.good_epoch, fold.good_chain,
+        dict(fold.good_offsets), fold.good_wm, plan.counts, 0, int(time.time() * 1000), doc,
+    )  # fmt: skip
+
+
+def merge_chain(builder: ImageBuilder, base: LayeredBase) -> None:
+    """Apply every delta level of ``base`` to ``builder`` (a copy of its full image), in order.
+
+    A delta's tombstones become deletes; each table goes in batches of
+    ``_BATCH`` entries, one write transaction each.
+    """
+    for level in base.levels[1:]:
+        for table in level.tables():
+            for chunk in level.raw_chunks(table):
+                for i in range(0, len(chunk), _BATCH):
+                    part = chunk[i : i + _BATCH]
+                    deletes = [k for k, v in part if v == TOMBSTONE]
+                    puts = [(k, v) for k, v in part if v != TOMBSTONE]
+                    builder.apply_encoded(table, puts, deletes)

@@ -1,0 +1,264 @@
+"""Steps 3, 4 and 6 of a compaction pass: choose the base, then write a full or a delta snapshot.
+
+A pass with no usable snapshot folds the log from LSN 1 into an empty image
+and writes a full snapshot. A pass on a snapshot opens its chain (every
+link verified: :func:`statelog.storage.levels.open_chain`), then asks
+:class:`~statelog.compaction.delta.ChainPolicy`:
+
+* **delta pass** (the common case): the tail is folded into
+  :class:`~statelog.compaction.delta.Changes`, the changed keys are looked
+  up in the chain's base, and a delta snapshot of only those keys is
+  written; its image (small) is published to ``STORE/base`` beside the
+  chain's. Nothing is read or written in proportion to the state.
+* **full merge**: the chain's full image is copied, each delta's image
+  applied to it in order, the tail folded on top, and a full snapshot
+  written from the result, which starts a new chain.
+
+Either way the snapshot file is written durably (temp file, fsync, rename,
+fsync of ``snapshots/``) before its image is published, and a SIGKILL at
+any step leaves the store as it was plus scratch files step 2 of the next
+pass removes.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from statelog.compaction.base import (
+    CompactionResult,
+    Pass,
+    Start,
+    fold_tail,
+    report_mismatch,
+)
+from statelog.compaction.delta import Changes, delta_meta, merge_chain, plan_delta
+from statelog.compaction.replay import Folding
+from statelog.compaction.retention import mark_verified
+from statelog.compaction.tail import SegmentInfo, Tail, list_segment_infos, sealed_tail
+from statelog.errors import CorruptionError, FormatVersionError
+from statelog.format.snapshot import IMAGE_VERSION, SnapshotHeader
+from statelog.storage.builder import ImageBuilder
+from statelog.storage.image_cache import publish_image
+from statelog.storage.layered import LayeredBase
+from statelog.storage.levels import Chain, ImageSources, open_chain
+from statelog.storage.pins import pin
+from statelog.storage.snapshots import (
+    SnapshotMeta,
+    list_snapshots,
+    write_delta_snapshot,
+    write_snapshot,
+)
+
+__all__ = ["fold_pass"]
+
+
+def fold_pass(p: Pass) -> CompactionResult:
+    """Steps 3 to 6: choose the base, fold its sealed tail, write the snapshot."""
+    snaps = list_snapshots(p.layout.snapshots)
+    segs = list_segment_infos(p.layout.wal)
+    names = [f"snapshots/{path.name}" for _, _, path in snaps] + [s.name for s in segs]
+    with pin(p.root, names, purpose="compactor fold"):
+        for cand in [*snaps, None]:
+            if p.stop():
+                return CompactionResult(p.root, skipped="interrupted")
+            base_lsn = cand[1] if cand is not None else 0
+            tail = sealed_tail(segs, base_lsn)
+            _warn_tail(p, tail)
+            base_name = cand[2].name if cand is not None else "empty"
+            if tail.problem is not None and not tail.segments:
+                p.say(logging.ERROR, "log_unlinked", base=base_name, reason=tail.problem)
+                continue  # an older snapshot may still link to the log
+            new = tail.last_lsn - base_lsn
+            if new <= 0:
+                return _skip(p, "nothing_new", base=base_name, base_lsn=base_lsn)
+            if not _triggered(p, tail.bytes, new):
+                return _skip(
+                    p, "below_trigger", base=base_name, tail_bytes=tail.bytes, tail_records=new
+                )
+            p.tail_bytes = tail.bytes
+            result = _fold_from(p, cand[2] if cand is not None else None, base_lsn, tail.segments)
+            if result is not None:
+                return result
+    p.say(
+        logging.ERROR,
+        "no_base",
+        reason="no snapshot verifies and links to the log, and the log does not begin at LSN 1",
+    )
+    return CompactionResult(p.root, skipped="no_base")
+
+
+def _skip(p: Pass, why: str, **fields: object) -> CompactionResult:
+    p.say(logging.INFO, "compaction_skipped", reason=why, **fields)
+    return CompactionResult(p.root, skipped=why)
+
+
+def _triggered(p: Pass, tail_bytes: int, tail_records: int) -> bool:
+    """Whether the tail reaches a trigger that is on (any new record if none is on)."""
+    on = [(p.min_tail_bytes, tail_bytes), (p.min_tail_records, tail_records)]
+    on = [(limit, have) for limit, have in on if limit > 0]
+    return not on or any(have >= limit for limit, have in on)
+
+
+def _warn_tail(p: Pass, tail: Tail) -> None:
+    """Say why the sealed tail stops short of the writer's active segment, if it does."""
+    if tail.blocked_by is not None:
+        p.say(
+            logging.WARNING,
+            "unsealed_segment_blocks",
+            segment=tail.blocked_by.name,
+            reason="a segment before the last is not sealed (a sync failed there); "
+            "the compactor folds sealed segments only",
+        )
+    if tail.problem is not None and tail.segments:
+        p.say(logging.ERROR, "log_gap", reason=tail.problem, folded_up_to=tail.last_lsn)
+
+
+def _clear(p: Pass) -> Path:
+    """The pass's working image path, with anything a walked-past base left removed."""
+    for stale in ("work.mdb", "base.mdb", "image.mdb", "delta.mdb"):
+        if (p.scratch / stale).exists():
+            p.files.remove(p.scratch / stale)
+    return p.scratch / "work.mdb"
+
+
+def _fold_from(
+    p: Pass, base: Path | None, base_lsn: int, tail: tuple[SegmentInfo, ...]
+) -> CompactionResult | None:
+    """Fold ``tail`` onto ``base``; None if ``base`` cannot be used (walk back)."""
+    work = _clear(p)
+    if base is None:
+        with ImageBuilder.create(work) as builder:
+            return _full(p, None, base_lsn, tail, Start(builder), builder)
+    opened = _open_chain(p, base)
+    if opened is None:
+        return None
+    chain, layered = opened
+    try:
+        meta = chain.meta
+        start = Start(Changes(), dict(meta.offsets), meta.low_watermark_ms, meta.chain)
+        if not p.policy.wants_full(meta, p.tail_bytes, portable=_portable(chain.snapshots[0])):
+            return _delta(p, chain, layered, base_lsn, tail, start)
+        shutil.copyfile(chain.images[0], work)  # verified as the chain was opened
+        p.bytes_read += sum(s.stat().st_size for s in chain.snapshots)
+        with ImageBuilder.adopt(work) as builder:
+            merge_chain(builder, layered)
+            start.target = builder
+            return _full(p, base, base_lsn, tail, start, builder)
+    finally:
+        layered.close()
+
+
+def _portable(full: Path) -> bool:
+    """Whether the full snapshot at ``full`` is of format 2 (a delta may rest on it)."""
+    with open(full, "rb") as fh:
+        return SnapshotHeader.peek_version(fh.read(10)) != IMAGE_VERSION
+
+
+def _open_chain(p: Pass, base: Path) -> tuple[Chain, LayeredBase] | None:
+    """``base``'s chain and its stack of images; None if a link is damaged or unreadable.
+
+    A damaged base is reported (once per process) and left in place as evidence.
+    """
+    levels = p.scratch / "levels"
+    try:
+        return open_chain(p.files, base, p.store_id, ImageSources(levels, (p.layout.base, levels)))
+    except CorruptionError as exc:
+        p.say(logging.ERROR, "snapshot_damaged", file=f"snapshots/{base.name}", reason=exc.reason)
+        p.damaged.append(base)
+        report_mismatch(p, base, exc.offset, exc.reason, walk_back=True)
+        return None
+    except FormatVersionError as exc:
+        p.say(logging.WARNING, "snapshot_unreadable", file=base.name, reason=exc.message)
+        return None
+
+
+def _folded(
+    p: Pass, start: Start, base: Path | None, base_lsn: int, tail: tuple[SegmentInfo, ...]
+) -> Folding | CompactionResult | None:
+    """The tail folded onto ``start``, or the result that ends the pass instead."""
+    fold = fold_tail(p, start, base, base_lsn, tail)
+    if not isinstance(fold, Folding):
+        return fold
+    if fold.good_epoch == base_lsn:
+        return CompactionResult(p.root, base=base, skipped="damaged")
+    if p.stop():
+        return CompactionResult(p.root, base=base, skipped="interrupted")
+    return fold
+
+
+def _full(
+    p: Pass,
+    base: Path | None,
+    base_lsn: int,
+    tail: tuple[SegmentInfo, ...],
+    start: Start,
+    builder: ImageBuilder,
+) -> CompactionResult | None:
+    """Fold ``tail`` into ``builder`` and write a full snapshot of the result."""
+    fold = _folded(p, start, base, base_lsn, tail)
+    if not isinstance(fold, Folding):
+        return fold
+    image = p.scratch / "image.mdb"
+    size = builder.finish(image)
+    tables = builder.counts()
+    meta_out = SnapshotMeta(
+        p.store_id, fold.good_epoch, fold.good_epoch, fold.good_chain, fold.good_offsets,
+        fold.good_wm, tables, size, int(time.time() * 1000),
+    )  # fmt: skip
+    p.say(logging.DEBUG, "snapshot_writing", epoch=fold.good_epoch, image_bytes=size)
+    path, written = write_snapshot(p.files, p.layout.snapshots, meta_out, image, level=p.level)
+    mark_verified(path)  # built from this pass's own image: retention need not parse it
+    publish_image(p.files, image, p.layout.base, path, written)
+    return _done(p, path, written, base, base_lsn, fold)
+
+
+def _delta(
+    p: Pass,
+    chain: Chain,
+    layered: LayeredBase,
+    base_lsn: int,
+    tail: tuple[SegmentInfo, ...],
+    start: Start,
+) -> CompactionResult | None:
+    """Fold ``tail`` into changes and write them as a delta on top of ``chain``."""
+    base = chain.snapshots[-1]
+    fold = _folded(p, start, base, base_lsn, tail)
+    if not isinstance(fold, Folding):
+        return fold
+    assert isinstance(start.target, Changes)
+    plan = plan_delta(layered, chain.meta, start.target)
+    meta = delta_meta(chain, fold, plan)
+    path, written = write_delta_snapshot(
+        p.files, p.layout.snapshots, meta, plan.stream, scratch=p.scratch, level=p.level
+    )
+    mark_verified(path)
+    image = p.scratch / "delta.mdb"
+    plan.build_image(image)
+    publish_image(p.files, image, p.layout.base, path, written, keep=chain.names)
+    return _done(p, path, written, base, base_lsn, fold)
+
+
+def _done(
+    p: Pass, path: Path, written: SnapshotMeta, base: Path | None, base_lsn: int, fold: Folding
+) -> CompactionResult:
+    folded = tuple(s.path for s in fold.segments[: fold.good_count])
+    size = path.stat().st_size
+    p.say(
+        logging.INFO,
+        "snapshot_written",
+        file=f"snapshots/{path.name}",
+        base=base.name if base else "empty",
+        kind="delta" if written.delta is not None else "full",
+        depth=written.depth,
+        epochs=f"{base_lsn + 1}-{fold.good_epoch}",
+        segments=len(folded),
+        body_bytes=written.body_bytes,
+        snapshot_bytes=size,
+    )
+    return CompactionResult(
+        p.root, path, base, folded, range(base_lsn + 1, fold.good_epoch + 1),
+        full=written.delta is None, depth=written.depth, written_bytes=size,
+    )  # fmt: skip
