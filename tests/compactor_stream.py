@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,8 +34,9 @@ import statelog
 from statelog.format.records import decode_value
 from statelog.kit import DURABLE, Crash, FaultyFiles, Stream, run_commit
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image import BaseLevel
-from statelog.storage.snapshots import SnapshotMeta, extract_snapshot
+from statelog.storage.levels import ImageSources, open_chain
+from statelog.storage.snapshot_read import read_snapshot
+from statelog.storage.snapshots import SnapshotMeta
 
 STREAM = Stream(
     seed=20_261_129,
@@ -60,15 +62,19 @@ def model_at(epoch: int) -> dict[str, Any]:
 def snapshot_model(
     path: Path, scratch: Path, store_id: Any = None
 ) -> tuple[SnapshotMeta, dict[str, Any]]:
-    """Verify ``path`` while extracting it; return its meta and its content in model shape."""
+    """Verify ``path`` (and, for a delta, every link of its chain) while extracting it;
+    return its meta and its content in model shape."""
     scratch.mkdir(parents=True, exist_ok=True)
-    dest = scratch / (path.name + ".mdb")
-    if dest.exists():
-        dest.unlink()
-    meta = extract_snapshot(FileLayer(), path, dest, store_id=store_id)
-    with BaseLevel(dest) as base:
+    levels = scratch / f"{path.name}.levels"
+    shutil.rmtree(levels, ignore_errors=True)
+    sid = store_id if store_id is not None else read_snapshot(path, None, parse=False).store_id
+    chain, base = open_chain(FileLayer(), path, sid, ImageSources(levels))
+    meta = chain.meta
+    try:
         tables = {t: {k: decode_value(v) for k, v in base.items(t)} for t in base.tables()}
-    dest.unlink()
+    finally:
+        base.close()
+        shutil.rmtree(levels, ignore_errors=True)
     model = {
         "epoch": meta.epoch,
         "offsets": dict(meta.offsets),

@@ -38,6 +38,7 @@ typed errors, or a clean read of exactly the state the stream holds.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -589,7 +590,9 @@ def test_the_framing_helper_frames_a_snapshot_that_verifies(store: Template) -> 
     """The helper itself: the valid stream, framed again, verifies and reads the same."""
     data = frame_snapshot(store.target, store.meta, store.stream)
     assert hashlib.sha256(data[:-FOOTER_SIZE]).digest() == data[-FOOTER_SIZE:-8]
-    assert verify_snapshot(FILES, store.target, store_id=store.store_id) == store.meta
+    assert verify_snapshot(FILES, store.target, store_id=store.store_id) == dataclasses.replace(
+        store.meta, sha256=data[-FOOTER_SIZE:-8].hex()
+    )
     assert stream_state(store.stream) == {t: kv for t, kv in image_tables(extract(store)).items()}
     with statelog.open(store.root, readonly=True) as ro:
         assert ro.recovery.snapshot == store.target and ro.recovery.rejected == ()

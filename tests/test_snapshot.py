@@ -32,6 +32,7 @@ import statelog.storage.snapshot_read as snapshot_read_mod
 import statelog.storage.snapshots as snapshot_mod
 from statelog.errors import CorruptionError, FormatVersionError
 from statelog.format.records import encode_value
+from statelog.format.snapshot import FOOTER_SIZE
 from statelog.format.stream import PUTS, TABLE, StreamChecker
 from statelog.kit import CrashMode, FaultyFiles
 from statelog.state.live import Key, LiveState
@@ -114,9 +115,13 @@ def snap_dir(tmp_path: Path) -> Path:
     return d
 
 
-def expect_meta(image: Path, state: LiveState, body_bytes: int, **over: Any) -> SnapshotMeta:
-    """The meta the writer must return and the readers report: ``make_meta``, sizes filled."""
-    return make_meta(image, state, body_bytes=body_bytes, **over)
+def expect_meta(
+    image: Path, state: LiveState, body_bytes: int, snap: Path, **over: Any
+) -> SnapshotMeta:
+    """The meta the writer must return and the readers report: ``make_meta``, sizes filled,
+    and the SHA-256 of everything before ``snap``'s footer (which the footer must hold)."""
+    digest = hashlib.sha256(snap.read_bytes()[:-FOOTER_SIZE]).hexdigest()
+    return make_meta(image, state, body_bytes=body_bytes, sha256=digest, **over)
 
 
 @pytest.fixture
@@ -209,7 +214,7 @@ def test_round_trip(snap_dir: Path, image: Path, state: LiveState, version: int)
     snap, written = write_snapshot(FILES, snap_dir, given, image, version=version)
     size = len(body_of(snap))  # format 1: the image's size; format 2: the stream's
     assert size == image.stat().st_size if version == 1 else size < image.stat().st_size
-    meta = expect_meta(image, state, size)
+    meta = expect_meta(image, state, size, snap)
     assert written == meta
     assert snap == snap_dir / "0000000000000002-0000000000000002.snap"
     assert sorted(p.name for p in snap_dir.iterdir()) == [snap.name]  # no temp files left
@@ -330,7 +335,8 @@ def test_names_and_listing_newest_first(snap_dir: Path) -> None:
 HEADER_FLIPS = [
     (0, "header: bad magic"),
     (10, "header: header_len"),
-    (12, "header: header_len"),  # flags
+    (12, "meta: a delta link"),  # flags: bit 0 claims a delta the meta does not link
+    (13, "header: header_len"),  # flags: bit 8, no such flag
     (16, "header: snapshot of store"),
     (32, "header: epoch"),
     (40, "header: epoch"),  # lsn
@@ -342,7 +348,11 @@ HEADER_FLIPS = [
 
 @pytest.mark.parametrize("version", [2, 1])
 @pytest.mark.parametrize(("offset", "expect"), HEADER_FLIPS)
-def test_header_bit_flip(snap: Path, tmp_path: Path, offset: int, expect: str) -> None:
+def test_header_bit_flip(
+    snap: Path, tmp_path: Path, offset: int, expect: str, version: int
+) -> None:
+    if version == 1 and offset == 12:
+        expect = "header: header_len"  # format 1 has no delta flag at all
     flip_bit(snap, offset)
     assert_rejected(snap, tmp_path, expect)
 
@@ -614,7 +624,7 @@ def test_power_loss_at_every_step_leaves_no_visible_snapshot(
     files.crash("drop")
     assert list_snapshots(root / "snapshots") == [(2, 2, path)]
     meta = verify_snapshot(FILES, path, store_id=STORE)
-    assert meta == expect_meta(image, state, len(body_of(path)))
+    assert meta == expect_meta(image, state, len(body_of(path)), path)
 
 
 @pytest.mark.parametrize("kind", ["create", "write", "sync", "rename", "fsync_dir"])

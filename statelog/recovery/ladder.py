@@ -149,6 +149,9 @@ def install_snapshot(
     copy = shared_images if shared_images not in (None, image_dir) else None
     chain, base = open_chain(files, path, store_id, ImageSources(image_dir, (image_dir,), copy))
     meta = chain.meta
+    for snap, image in zip(chain.snapshots, chain.images, strict=True):
+        if image not in chain.made:
+            log.info("snapshot=%s event=image_reused image=%s", snap.name, image.name)
     why = check_link(wal_dir, meta) if wal_dir is not None else None
     if why is not None:
         base.close()

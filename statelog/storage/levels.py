@@ -62,6 +62,7 @@ class Chain:
     snapshots: tuple[Path, ...]
     metas: tuple[SnapshotMeta, ...]
     images: tuple[Path, ...]
+    made: tuple[Path, ...] = ()  # the images this open extracted or copied (others: reused)
 
     @property
     def meta(self) -> SnapshotMeta:
@@ -173,7 +174,10 @@ def open_chain(
     except (CorruptionError, FormatVersionError, OSError):
         _remove(files, reader.made)
         raise
-    chain = Chain(tuple(p for p, _m, _e in links), tuple(m for _p, m, _e in links), images)
+    chain = Chain(
+        tuple(p for p, _m, _e in links), tuple(m for _p, m, _e in links), images,
+        tuple(reader.made),
+    )  # fmt: skip
     return chain, base
 
 
