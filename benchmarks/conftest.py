@@ -49,6 +49,10 @@ class Sizes:
     remote_seconds: float
     build_keys: tuple[int, ...]
     """State sizes of the base image built from a snapshot (``bench_snapshot_build.py``)."""
+    pass_keys: tuple[int, ...]
+    """State sizes of the pass-cost suite (``bench_pass_scale.py``)."""
+    pass_tail: int
+    """Updates in the tail each of those passes folds (in 10 checkpoints)."""
 
 
 # fmt: off
@@ -58,7 +62,7 @@ SIZES = {
         tradeoff_keys=(1000,), fractions=(0.01,), budget=0.01, max_checkpoints=2, settle=0.1,
         restart_keys=300, restart_history=100, restart_tail=50, repeats=1, memory_keys=(300,),
         daemon_keys=300, daemon_checkpoints=3, remote_keys=2000, remote_seconds=1.0,
-        build_keys=(2_000,),
+        build_keys=(2_000,), pass_keys=(2_000,), pass_tail=100,
     ),
     "quick": Sizes(
         commit_keys=(10_000, 100_000), commit_updates=10_000, rounds=20, json_rounds=5,
@@ -66,7 +70,7 @@ SIZES = {
         max_checkpoints=20, settle=1.0, restart_keys=100_000, restart_history=500_000,
         restart_tail=10_000, repeats=3, memory_keys=(100_000,), daemon_keys=100_000,
         daemon_checkpoints=40, remote_keys=100_000, remote_seconds=5.0,
-        build_keys=(100_000, 1_000_000),
+        build_keys=(100_000, 1_000_000), pass_keys=(100_000, 1_000_000), pass_tail=10_000,
     ),
     "full": Sizes(
         commit_keys=(10_000, 100_000, 1_000_000), commit_updates=10_000, rounds=50,
@@ -75,6 +79,7 @@ SIZES = {
         restart_keys=1_000_000, restart_history=5_000_000, restart_tail=100_000, repeats=3,
         memory_keys=(1_000_000, 10_000_000), daemon_keys=1_000_000, daemon_checkpoints=60,
         remote_keys=1_000_000, remote_seconds=10.0, build_keys=(1_000_000, 10_000_000),
+        pass_keys=(1_000_000, 10_000_000), pass_tail=100_000,
     ),
 }
 # fmt: on
