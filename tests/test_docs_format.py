@@ -31,12 +31,14 @@ import zstandard
 
 import statelog
 from statelog.format import audit as audit_format
+from statelog.format import snapshot as snapshot_flags
 from statelog.format import stream as stream_format
 from statelog.format import wal
 from statelog.format.records import (
     CommitRecord,
     TableDelta,
     decode_record,
+    decode_value,
     encode_record,
     encode_value,
 )
@@ -44,6 +46,7 @@ from statelog.remote import manifest as remote_manifest
 from statelog.storage import pins
 from statelog.storage import snapshots as snap_format
 from statelog.storage.fileio import FileLayer
+from statelog.storage.levels import ImageSources, open_chain
 from tests.docs_markdown import (
     ROOT,
     Block,
@@ -388,7 +391,7 @@ def test_pins_table_is_what_a_pin_writes(tmp_path: Path) -> None:
 def example_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The worked examples' files, written by the scripts format.md shows."""
     d = tmp_path_factory.mktemp("format-examples")
-    for name in ["store-script", "crash-script", "snapshot-script", "audit-script"]:
+    for name in ["store-script", "crash-script", "snapshot-script", "delta-script", "audit-script"]:
         _run_script(marked_block(FORMAT, name), d)
     return d
 
@@ -579,6 +582,49 @@ def test_the_snapshot_reader_prints_what_the_document_says(example_dir: Path) ->
     script.write_text(marked_block(FORMAT, "check-snapshot").text)
     out = _python([str(script), "example-snap"], example_dir)
     assert out == marked_block(FORMAT, "check-snapshot-output").text
+
+
+# -- the delta snapshot ---------------------------------------------------------------------
+
+_DELTA = "example-delta/snapshots/0000000000000002-0000000000000002.snap"
+
+
+def test_the_delta_dump_is_what_the_script_writes_byte_for_byte(example_dir: Path) -> None:
+    doc = hex_dump_bytes(marked_block(FORMAT, "delta-xxd"))
+    real = (example_dir / _DELTA).read_bytes()
+    assert doc == real
+    m = re.search(r"the delta is (\d+) bytes", FORMAT.read_text())
+    assert m is not None and int(m.group(1)) == len(real)
+    parent = hex_dump_bytes(marked_block(FORMAT, "snapshot-xxd"))
+    meta_len = struct.unpack_from("<I", doc, 52)[0]
+    link = msgspec.msgpack.decode(doc[64 : 64 + meta_len])["delta"]
+    assert bytes.fromhex(link["parent_sha256"]) == parent[-40:-8]
+
+
+def test_the_delta_field_tables_match_the_dump() -> None:
+    doc = hex_dump_bytes(marked_block(FORMAT, "delta-xxd"))
+    meta_len = struct.unpack_from("<I", doc, 52)[0]
+    _check_example_table("delta-example-header", doc, 64)
+    _check_example_table("delta-example-meta", doc, 64 + meta_len)
+    _check_example_table("delta-example-body", doc, len(doc) - 40)
+    meta = msgspec.msgpack.decode(doc[64 : 64 + meta_len])
+    keys = [cell_code(r["Key of `delta`"]) for r in marked_table(FORMAT, "delta-meta")]
+    assert keys == list(meta["delta"]) and list(meta)[-1] == "delta"
+    assert struct.unpack_from("<I", doc, 12)[0] == snapshot_flags.FLAG_DELTA
+    assert doc[-40:-8] == hashlib.sha256(doc[:-40]).digest()
+
+
+def test_the_delta_reads_as_its_chain_says(example_dir: Path, tmp_path: Path) -> None:
+    path = example_dir / _DELTA
+    meta = snap_format.verify_snapshot(FileLayer(), path, store_id=None)
+    assert meta.delta is not None and meta.delta.changes == {"default": 2} and meta.depth == 1
+    chain, base = open_chain(FileLayer(), path, meta.store_id, ImageSources(tmp_path))
+    try:
+        assert [p.name for p in chain.snapshots] == [meta.delta.parent, path.name]
+        assert [(k, decode_value(v)) for k, v in base.items("default")] == [("j", "w")]
+        assert base.get("default", "k") is None and base.count("default") == 1
+    finally:
+        base.close()
 
 
 # -- the audit trail -----------------------------------------------------------------------
