@@ -61,7 +61,8 @@ from statelog.format.snapshot import (
     peek_meta_len,
 )
 from statelog.storage.fileio import FileLayer
-from statelog.storage.layout import SNAPSHOT_DIR, WAL_DIR
+from statelog.storage.image_cache import reusable_image
+from statelog.storage.layout import BASE_DIR, SNAPSHOT_DIR, WAL_DIR
 from statelog.storage.pins import ALL, Note, log_notes, pinned_names, retention_guard
 from statelog.storage.snapshots import SnapshotMeta, list_snapshots, verify_snapshot
 
@@ -94,9 +95,18 @@ def _verified(files: FileLayer, path: Path, store_id: uuid.UUID) -> SnapshotMeta
     """``verify_snapshot`` of ``path``: parsed in full the first time this process sees
     it, hashed only after that.
 
+    An intact stamped image of the snapshot in ``STORE/base`` also counts as a parse:
+    it was built from this very file by a verified extraction (or by the pass that
+    wrote it), and :func:`~statelog.storage.image_cache.reusable_image` hashes the
+    file against its footer before it says so. So a compactor process that starts
+    on a large store does not parse its full snapshot again.
+
     :raises CorruptionError: as :func:`~statelog.storage.snapshots.verify_snapshot`.
     """
     key = (str(path.resolve()), _footer(path))
+    if key not in _parsed and reusable_image(path.parent.parent / BASE_DIR, path,
+                                             store_id=store_id) is not None:  # fmt: skip
+        _parsed.add(key)
     meta = verify_snapshot(files, path, store_id=store_id, parse=key not in _parsed)
     _parsed.add(key)
     return meta
