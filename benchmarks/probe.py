@@ -99,11 +99,17 @@ def dir_footprint(path: Path) -> int:
 
 
 def clone_store(template: Path, dest: Path) -> None:
-    """Hard-link a compacted store's immutable files (identity, snapshots, sealed segments)."""
+    """Hard-link a compacted store's immutable files (identity, snapshots, sealed segments,
+    and the stamped base images the template's compactor published or its writer built,
+    which a writer open of the clone maps instead of extracting its snapshot again)."""
     for sub, listing in (("snapshots", list_snapshots), ("wal", list_segments)):
         (dest / sub).mkdir(parents=True)
         for *_key, path in listing(template / sub):
             os.link(path, dest / sub / path.name)
+    if (template / "base").is_dir():
+        (dest / "base").mkdir()
+        for image in (template / "base").iterdir():
+            os.link(image, dest / "base" / image.name)
     os.link(template / "IDENTITY", dest / "IDENTITY")
 
 

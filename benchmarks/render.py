@@ -21,7 +21,7 @@ from .conftest import size_id
 from .plots import plots
 from .probe import percentile
 from .render_build import build_section
-from .render_pass import pass_section
+from .render_pass import pass_section, sustained_section
 from .render_text import Doc, ms, rate, ratio, size, table
 from .render_text import suite as _suite
 from .strategies import DESCRIPTIONS
@@ -336,7 +336,8 @@ def render(doc: Doc, out_dir: Path, kept: str = "") -> str:
     for section in (targets_section, tradeoff_section, commit_section, restart_section):
         out += section(doc)
     for section in (
-        compaction_section, pass_section, memory_section, remote_section, build_section,
+        compaction_section, pass_section, sustained_section, memory_section, remote_section,
+        build_section,
     ):  # fmt: skip
         out += section(doc)
     cells = _cells(doc)

@@ -33,6 +33,7 @@ def test_every_suite_runs_once_at_tiny_sizes(tmp_path: Path) -> None:
     # snapshot build: three ways per size, and a restore at the sizes up to 1M keys
     expected += 3 * len(tiny.build_keys) + sum(k <= 1_000_000 for k in tiny.build_keys)
     expected += 2 * len(tiny.pass_keys)  # pass cost: a delta pass and a full pass per size
+    expected += len(tiny.sustained)  # sustained load with the compactor
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
     cmd += ["benchmarks/", "--bench-size", "tiny", "--benchmark-disable", f"--basetemp={tmp_path}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

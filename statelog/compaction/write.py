@@ -201,9 +201,12 @@ def _full(
     fold = _folded(p, start, base, base_lsn, tail)
     if not isinstance(fold, Folding):
         return fold
-    image = p.scratch / "image.mdb"
-    size = builder.finish(image)
+    # The working image itself is streamed and published, not a compacted copy of
+    # it: that copy would write the whole state once more per full pass.
     tables = builder.counts()
+    builder.close()
+    image = builder.path
+    size = image.stat().st_size
     meta_out = SnapshotMeta(
         p.store_id, fold.good_epoch, fold.good_epoch, fold.good_chain, fold.good_offsets,
         fold.good_wm, tables, size, int(time.time() * 1000),
