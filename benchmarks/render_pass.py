@@ -50,7 +50,7 @@ def pass_section(doc: Doc) -> list[str]:
         ),
     ]
     if len(keys) > 1:
-        lo, hi = keys[0], keys[-1]
+        lo, hi = keys[-2], keys[-1]
         lines = []
         for kind in KINDS:
             a, b = runs.get((lo, kind)), runs.get((hi, kind))
