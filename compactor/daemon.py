@@ -228,8 +228,8 @@ def _run(
         kv(
             event="started", pid=os.getpid(), stores=len(stores), interval=args.interval,
             min_tail_bytes=args.min_tail_bytes, min_tail_records=args.min_tail_records,
-            retain=args.retain, once=args.once, remote=args.remote,
-            remote_retain=args.remote_retain,
+            retain=args.retain, max_chain=args.max_chain, full_ratio=args.full_ratio,
+            once=args.once, remote=args.remote, remote_retain=args.remote_retain,
         ),
     )  # fmt: skip
     first = True
@@ -344,6 +344,8 @@ def _pass(
             min_tail_records=args.min_tail_records,
             retain=args.retain,
             level=args.level,
+            max_chain=args.max_chain,
+            full_ratio=args.full_ratio,
             lock=lock,
             stop=_stopping,
         )

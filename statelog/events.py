@@ -30,7 +30,10 @@ Kinds and their fields (every field is JSON-serialisable):
     ``saved_as`` (the ``.broken`` or ``.corrupt`` evidence file).
 ``compaction``
     ``snapshot``, ``epoch``, ``lsn``, ``base`` (snapshot folded from or
-    None), ``segments``, ``records``, ``bytes``, ``seconds``.
+    None), ``segments``, ``records``, ``snapshot_kind`` (``full`` or
+    ``delta``), ``depth`` (deltas down to the chain's full snapshot, 0 for a
+    full one), ``written_bytes`` (the snapshot file's size), ``bytes``
+    (bytes read), ``seconds``.
 ``retention_delete``
     ``files`` (list of ``{"file", "reason"}``, every file one retention
     pass deleted) and ``count``: one event per pass, so a pass that

@@ -22,6 +22,8 @@ from statelog.cli.output import (
     EXIT_OK,
     EXIT_UNRECOVERABLE,
     fmt_bytes,
+    full_ratio_arg,
+    max_chain_arg,
     print_json,
     progress,
     size_arg,
@@ -75,6 +77,21 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--retain", type=_at_least(1), default=3, help="verified snapshots to keep (3)")
     p.add_argument("--level", type=_at_least(1), default=3, help="zstd level, 1-22 (3)")
+    p.add_argument(
+        "--max-chain",
+        type=max_chain_arg,
+        default=8,
+        metavar="N",
+        help="the most delta snapshots above a full one, 0-64 (default 8; 0: write a full one)",
+    )
+    p.add_argument(
+        "--full-ratio",
+        type=full_ratio_arg,
+        default=0.5,
+        metavar="F",
+        help="write a full snapshot once the chain's deltas would exceed F times the full "
+        "snapshot's body, 0 < F <= 10 (default 0.5)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
 
@@ -99,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
                 min_tail_records=args.min_tail_records,
                 retain=args.retain,
                 level=args.level,
+                max_chain=args.max_chain,
+                full_ratio=args.full_ratio,
                 stop=lambda: stop[0],
                 progress=bar,
             )
@@ -122,6 +141,9 @@ def _doc(r: CompactionResult) -> dict[str, Any]:
         "store": str(r.store),
         "snapshot": str(r.snapshot) if r.snapshot else None,
         "base": str(r.base) if r.base else None,
+        "kind": None if r.snapshot is None else ("full" if r.full else "delta"),
+        "depth": r.depth if r.snapshot is not None else None,
+        "written_bytes": r.written_bytes,
         "segments": [str(p) for p in r.segments],
         "epochs": [r.epochs.start, r.epochs.stop - 1] if r.epochs else [],
         "bytes_read": r.bytes_read,
@@ -135,7 +157,9 @@ def _doc(r: CompactionResult) -> dict[str, Any]:
 def _print(r: CompactionResult) -> None:
     if r.snapshot is not None:
         base = r.base.name if r.base else "the empty image"
-        print(f"wrote    snapshots/{r.snapshot.name} from {base}")
+        kind = "a full snapshot" if r.full else f"a delta, depth {r.depth}"
+        print(f"wrote    snapshots/{r.snapshot.name} from {base}: {kind}, "
+              f"{fmt_bytes(r.written_bytes)}")  # fmt: skip
         print(
             f"folded   epochs {r.epochs.start}..{r.epochs.stop - 1} from {len(r.segments)} segments"
         )

@@ -3,7 +3,10 @@
 The state (epoch, offsets, low watermark) comes from a read-only open,
 which extracts the snapshot it uses outside the store. Snapshots are
 re-hashed unless ``--no-verify``; segments are described from their
-names, sizes and last 24 bytes (the seal), never read whole. Lock holders
+names, sizes and last 24 bytes (the seal), never read whole. Each snapshot
+is shown as full or delta, with a delta's depth and parent, and with
+verification each delta's chain is checked link by link
+(:mod:`statelog.ops.verify_chain`). Lock holders
 are read from ``LOCK`` and ``COMPACTOR.LOCK`` without taking the locks:
 the pid from the file, and whether a live process holds the ``flock`` from
 ``/proc/locks`` (a killed holder leaves its pid behind and no lock).
@@ -19,6 +22,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from statelog.cli.output import (
     EXIT_DAMAGED,
     EXIT_OK,
@@ -29,6 +34,14 @@ from statelog.cli.output import (
 )
 from statelog.compaction.tail import list_segment_infos, peek_seal
 from statelog.errors import CorruptionError, FormatVersionError, ResnapshotRequired
+from statelog.format.snapshot import (
+    HEADER_SIZE,
+    IMAGE_VERSION,
+    SnapshotHeader,
+    peek_delta,
+    peek_meta_len,
+)
+from statelog.ops.verify_chain import broken_chains, chain_members
 from statelog.recovery.ladder import check_link
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
@@ -36,6 +49,8 @@ from statelog.storage.snapshots import list_snapshots, verify_snapshot
 from statelog.store.store import open as open_store
 
 __all__ = ["add_parser", "lock_holder", "run"]
+
+_META_MAX = 1 << 20  # a damaged length field makes inspect read no more than this
 
 
 def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -46,7 +61,8 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="show epoch, offsets, snapshots, segments, tail, locks (read-only)",
         description="Show a store's state, snapshots, segments, tail size, writer lock "
         "holder and compactor status. Changes nothing in the store. Exit 0 when all is "
-        "well, 1 when a snapshot fails verification or recovery would repair damage, "
+        "well, 1 when a snapshot fails verification, a delta's chain is broken or recovery "
+        "would repair damage, "
         "2 when no open can recover the store.",
     )
     p.add_argument("store", type=Path, metavar="STORE", help="the store directory")
@@ -132,7 +148,12 @@ def run(args: argparse.Namespace) -> int:
     if state["unrecoverable"] is not None:
         return EXIT_UNRECOVERABLE
     rec = state["recovery"]
-    damaged = any(s["verified"] is False or s["links"] is False for s in snaps)
+    damaged = any(
+        s["verified"] is False
+        or (s["links"] is False and s["link_of"] is None)
+        or s["chain"] is not None
+        for s in snaps
+    )
     return EXIT_DAMAGED if damaged or rec["rejected"] else EXIT_OK
 
 
@@ -165,17 +186,23 @@ def _snapshot_rows(
     *,
     verify: bool,
 ) -> list[dict[str, Any]]:
-    """One row per snapshot, newest first; each verified and its link checked if ``verify``."""
+    """One row per snapshot, newest first; each verified, its link and chain checked if ``verify``.
+
+    ``kind`` (full or delta), ``depth`` and ``parent`` come from the file's
+    header and meta, read unverified unless ``verify``; ``chain`` is why a
+    delta's chain is broken (checked only with ``verify``, None otherwise).
+    """
     now = time.time()
-    snaps = []
+    snaps, metas = [], {}
     for epoch, lsn, path in list_snapshots(layout.snapshots):
         st = path.stat()
         row: dict[str, Any] = {
             "file": path.name, "epoch": epoch, "lsn": lsn, "bytes": st.st_size,
             "age_seconds": round(now - st.st_mtime, 3), "verified": None, "links": None,
-            "reason": None, "used_by_recovery": path == used,
+            "reason": None, "used_by_recovery": path == used, **_link_of(path), "chain": None,
+            "link_of": None,
         }  # fmt: skip
-        if path == used:
+        if path == used and not verify:
             row |= {"verified": True, "links": True}
         elif path in refused and not verify:
             row |= {"verified": False, "reason": refused[path]}
@@ -185,11 +212,42 @@ def _snapshot_rows(
             except (CorruptionError, FormatVersionError) as exc:
                 row |= {"verified": False, "reason": getattr(exc, "reason", exc.message)}
             else:
+                metas[path.name] = meta
                 why = check_link(layout.wal, meta)
                 row |= {"verified": True, "links": why is None, "reason": why}
                 row["age_seconds"] = round(now - meta.created_ms / 1000, 3)
         snaps.append(row)
+    if verify:
+        broken = broken_chains(metas, {r["file"] for r in snaps})
+        restore = {r["file"] for r in snaps if r["verified"] and r["links"]}
+        needed = chain_members(metas, broken, restore)
+        for row in snaps:
+            row["chain"] = broken.get(row["file"])
+            row["link_of"] = needed.get(row["file"]) if not row["links"] else None
     return snaps
+
+
+def _link_of(path: Path) -> dict[str, Any]:
+    """``kind``, ``depth`` and ``parent`` of the snapshot at ``path``, read unverified.
+
+    All three None when the header or meta does not read (verification
+    names why); a format-1 snapshot is always full.
+    """
+    unknown: dict[str, Any] = {"kind": None, "depth": None, "parent": None}
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(HEADER_SIZE)
+            meta_len = peek_meta_len(head)
+            if meta_len is None or meta_len > _META_MAX:
+                return unknown
+            if SnapshotHeader.unpack(head).version == IMAGE_VERSION:
+                return {"kind": "full", "depth": 0, "parent": None}
+            link = peek_delta(fh.read(meta_len))
+    except (OSError, msgspec.DecodeError):
+        return unknown
+    if link is None:
+        return {"kind": "full", "depth": 0, "parent": None}
+    return {"kind": "delta", "depth": link.depth, "parent": link.parent}
 
 
 def _segment_rows(layout: StoreLayout) -> list[dict[str, Any]]:
@@ -222,6 +280,15 @@ def _holder(lock: dict[str, Any]) -> str:
     return f"pid {lock['pid']}"
 
 
+def _kind(row: dict[str, Any]) -> str:
+    """``full``, ``delta 2 on <parent>``, or ``kind unknown`` (the header does not read)."""
+    if row["kind"] is None:
+        return "kind unknown"
+    if row["kind"] == "full":
+        return "full"
+    return f"delta {row['depth']} on {row['parent']}"
+
+
 def _print(doc: dict[str, Any]) -> None:
     print(f"store        {doc['store']} (id {doc['store_id']})")
     if doc["unrecoverable"] is not None:
@@ -245,11 +312,16 @@ def _print(doc: dict[str, Any]) -> None:
         ok = {None: "not verified", True: "verified", False: "DAMAGED"}[s["verified"]]
         if s["verified"] and not s["links"]:
             ok = "verified, DOES NOT LINK"
+        if s["link_of"] is not None:
+            ok = f"verified, a link of the chain of {s['link_of']} (not a restore point)"
+        if s["chain"] is not None:
+            ok = "verified, CHAIN BROKEN"
         used = ", used by recovery" if s["used_by_recovery"] else ""
-        why = f": {s['reason']}" if s["reason"] else ""
+        reason = s["chain"] or (None if s["link_of"] else s["reason"])
+        why = f": {reason}" if reason else ""
         print(
             f"  {s['file']}  epoch {s['epoch']}  {fmt_bytes(s['bytes'])}  "
-            f"age {fmt_age(s['age_seconds'])}  {ok}{used}{why}"
+            f"age {fmt_age(s['age_seconds'])}  {_kind(s)}  {ok}{used}{why}"
         )
     print(f"segments     {len(doc['segments'])}")
     for g in doc["segments"]:

@@ -43,6 +43,8 @@ __all__ = [
     "exit_code_for",
     "fmt_age",
     "fmt_bytes",
+    "full_ratio_arg",
+    "max_chain_arg",
     "print_json",
     "progress",
     "say_error",
@@ -89,6 +91,46 @@ def size_arg(text: str) -> int:
     if m is None or m.group(2).lower() not in _UNITS:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 67108864, 64MiB, 512k)")
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def max_chain_arg(text: str) -> int:
+    """An argparse type: ``--max-chain``, the most deltas above a full snapshot, 0 to 64.
+
+    0 makes every pass write a full snapshot. The same range as
+    ``statelog.compaction.fold.compact(max_chain=)``, refused here so a bad
+    value exits with the usage message before any store is touched.
+    """
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an integer: {text!r} (hint: 0 to 64 deltas; 0: every pass writes a full one)"
+        ) from None
+    if not 0 <= v <= 64:
+        raise argparse.ArgumentTypeError(
+            f"{text} is outside 0..64 (hint: at most 64 deltas above a full snapshot; "
+            "0: every pass writes a full one)"
+        )
+    return v
+
+
+def full_ratio_arg(text: str) -> float:
+    """An argparse type: ``--full-ratio``, a number above 0 and at most 10.
+
+    A pass writes a full snapshot once the chain's delta bytes would exceed
+    this fraction of the full snapshot's body.
+    """
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a number: {text!r} (hint: a fraction of the full snapshot, such as 0.5)"
+        ) from None
+    if not 0.0 < v <= 10.0:  # NaN fails this too
+        raise argparse.ArgumentTypeError(
+            f"{text} is outside (0, 10] (hint: a fraction of the full snapshot, such as 0.5)"
+        )
+    return v
 
 
 def exit_code_for(exc: BaseException) -> int:

@@ -3,7 +3,8 @@
 ``--dry-run`` climbs the recovery ladder read-only (``statelog.open(path,
 readonly=True)``), which changes nothing on disk, and turns its
 :class:`~statelog.recovery.report.RecoveryReport` into a plan: the snapshot it would
-use, those it would reject and why, the LSNs it would replay, what it
+use (and, for a delta snapshot, the chain it restores: full snapshot first),
+those it would reject and why, the LSNs it would replay, what it
 would cut or move aside (and under which evidence name), and the epochs
 that would be lost. Without ``--dry-run`` the store is opened as its
 writer, which performs exactly that recovery, and closed again.
@@ -12,6 +13,7 @@ writer, which performs exactly that recovery, and closed again.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +21,12 @@ from statelog.cli.output import EXIT_DAMAGED, EXIT_OK, EXIT_UNRECOVERABLE, print
 from statelog.errors import ResnapshotRequired
 from statelog.recovery.damage import aside_path
 from statelog.recovery.report import Outcome, RecoveryReport
-from statelog.storage.snapshots import parse_snapshot_name
+from statelog.storage.fileio import FileLayer
+from statelog.storage.levels import chain_links
+from statelog.storage.snapshots import SnapshotMeta, parse_snapshot_name, verify_snapshot
 from statelog.store.store import open as open_store
 
-__all__ = ["add_parser", "plan", "run"]
+__all__ = ["add_parser", "plan", "run", "snapshot_chain"]
 
 
 def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -43,8 +47,11 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
 
-def plan(report: RecoveryReport, *, dry_run: bool) -> dict[str, Any]:
+def plan(report: RecoveryReport, *, dry_run: bool, chain: Sequence[Path] = ()) -> dict[str, Any]:
     """The report as an operator's plan (the ``--json`` document).
+
+    ``chain`` is the snapshot chain the recovery restores, full snapshot
+    first (:func:`snapshot_chain`); empty without a snapshot.
 
     In a dry run the evidence names are the ones recovery would choose now
     (``<segment>.broken`` for a torn tail, ``<segment>.corrupt`` for damage,
@@ -81,12 +88,33 @@ def plan(report: RecoveryReport, *, dry_run: bool) -> dict[str, Any]:
         "epoch": report.epoch,
         "snapshot": str(report.snapshot) if report.snapshot else None,
         "snapshot_lsn": snap_lsn,
+        "chain": [p.name for p in chain],
         "rejected_snapshots": [{"file": str(r.path), "reason": r.reason} for r in snaps],
         "replay": {"from": snap_lsn + 1, "to": report.epoch, "records": report.replayed},
         "actions": actions,
         "lost_epochs": [lost.start, lost.stop - 1] if lost else [],
         "report": report.to_dict(),
     }
+
+
+def snapshot_chain(snapshot: Path | None) -> list[Path]:
+    """The chain of ``snapshot``, full snapshot first, each link verified again.
+
+    A full snapshot is a chain of one. Every file is hashed (not parsed:
+    recovery parsed it a moment ago), so a chain damaged since is refused
+    rather than named.
+
+    :raises CorruptionError: a link is missing, damaged or does not match.
+    :raises FormatVersionError: a file of the chain is of a format not read.
+    """
+    if snapshot is None:
+        return []
+    files = FileLayer()
+
+    def read(path: Path) -> tuple[SnapshotMeta, object]:
+        return verify_snapshot(files, path, store_id=None, parse=False), None
+
+    return [p for p, _meta, _ in chain_links(snapshot.parent, snapshot, read)]
 
 
 def _size(path: Path) -> int:
@@ -117,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  refused  {Path(t['file']).name}: {t['reason']}")
             print(f"hint: {exc.hint}")
         return EXIT_UNRECOVERABLE
-    doc = plan(report, dry_run=args.dry_run)
+    doc = plan(report, dry_run=args.dry_run, chain=snapshot_chain(report.snapshot))
     if args.json:
         print_json(doc)
     else:
@@ -133,6 +161,9 @@ def _print(doc: dict[str, Any]) -> None:
         print(f"{would}reject  snapshots/{Path(r['file']).name}: {r['reason']}")
     if doc["snapshot"]:
         print(f"{would}use     snapshots/{Path(doc['snapshot']).name} (LSN {doc['snapshot_lsn']})")
+        if len(doc["chain"]) > 1:
+            links = " <- ".join(doc["chain"])
+            print(f"{would}restore the chain {links} ({len(doc['chain']) - 1} deltas)")
     else:
         print(f"{would}use     no snapshot: replay the log from epoch 1")
     rp = doc["replay"]

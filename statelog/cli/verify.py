@@ -38,7 +38,8 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         parents=parents,
         help="check every snapshot and every record; exit 0 clean, 1 recoverable, 2 not",
         description="Re-hash every snapshot, check every record of every segment and the "
-        "links between snapshots and the log, then ask the recovery ladder (read-only) "
+        "links between snapshots and the log and between each delta snapshot and its "
+        "parent, then ask the recovery ladder (read-only) "
         "what an open would reach. Names every damaged file and the offset where its "
         "damage begins. Exit 0: clean. 1: damage found, the store is recoverable. "
         "2: not recoverable, a re-snapshot is required. Read-only.",
@@ -65,6 +66,13 @@ def _print(report: VerifyReport, writer_running: bool) -> None:
     records = sum(s.records for s in report.segments)
     print(f"store      {report.store}")
     print(f"snapshots  {ok_snaps} of {len(report.snapshots)} verify and link to the log")
+    deltas = [s for s in report.snapshots if s.depth]
+    if deltas:
+        members = sum(1 for s in report.snapshots if s.verified and not s.links and not s.chain
+                      and (s.reason or "").startswith("not a restore point"))  # fmt: skip
+        broken = sum(1 for s in deltas if s.chain)
+        print(f"chains     {len(deltas)} delta snapshots, {broken} with a broken chain; "
+              f"{members} older snapshots kept as links of a chain")  # fmt: skip
     print(f"segments   {ok_segs} of {len(report.segments)} verify ({records} records)")
     print(f"read       {fmt_bytes(report.bytes_read)} in {report.seconds:.2f}s")
     for f in report.findings:

@@ -61,6 +61,7 @@ __all__ = [
     "pack_footer",
     "parse_snapshot_name",
     "peek_created_ms",
+    "peek_delta",
     "peek_meta_len",
     "snapshot_name",
     "unpack_footer",
@@ -240,6 +241,17 @@ def peek_meta_len(head: bytes) -> int | None:
     if len(head) < HEADER_SIZE or head[:8] != MAGIC:
         return None
     return SnapshotHeader.unpack(head).meta_len
+
+
+def peek_delta(raw_meta: bytes) -> DeltaDoc | None:
+    """The ``delta`` link from meta bytes read unverified (None: a full snapshot's meta).
+
+    For readers that only describe a snapshot (``statelog inspect``, the
+    metrics' chain length); resolving a chain goes through the verified read.
+
+    :raises msgspec.DecodeError: not a version-2 meta map.
+    """
+    return _meta_decoder.decode(raw_meta).delta
 
 
 def peek_created_ms(raw_meta: bytes) -> int | None:

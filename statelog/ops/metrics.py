@@ -16,9 +16,10 @@ Three sources feed it, each at the cost its place can afford:
 * store events (:func:`install`): recoveries, walk-backs, integrity
   mismatches, truncations, compactions and retention deletions arrive
   through :mod:`statelog.events` and become counters;
-* scrape time (:func:`watch`): the tail size, the newest snapshot's age
-  and the snapshot count are read from the store directory only when
-  Prometheus scrapes, so they cost the commit path nothing.
+* scrape time (:func:`watch`, :mod:`statelog.ops.metrics_gauges`): the
+  tail size, the newest snapshot's age and chain length, and the snapshot
+  count are read from the store directory only when Prometheus scrapes,
+  so they cost the commit path nothing.
 
 Every per-store series carries a ``store`` label: the store's resolved path.
 """
@@ -27,9 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from bisect import bisect_left
-from collections import Counter as Refcounts
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import accumulate
@@ -37,15 +36,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from statelog import events
-from statelog.format.snapshot import HEADER_SIZE as SNAPSHOT_HEADER_SIZE
-from statelog.format.snapshot import peek_created_ms, peek_meta_len
-from statelog.log.segments import list_segments
-from statelog.storage.snapshots import list_snapshots
+from statelog.ops.metrics_gauges import StoreGauges
 
 __all__ = [
     "REGISTRY",
@@ -88,6 +84,16 @@ MISMATCHES: Final = _counter(
 )
 TRUNCATIONS: Final = _counter("statelog_truncations", "Log cuts by recovery.", "reason")
 COMPACTIONS: Final = _counter("statelog_compactions", "Snapshots written by compaction passes.")
+COMPACTION_PASSES: Final = _counter(
+    "statelog_compaction_passes",
+    "Compaction passes that wrote a snapshot, by the kind written (full, delta).",
+    "kind",
+)
+COMPACTION_WRITTEN: Final = _counter(
+    "statelog_compaction_written_bytes",
+    "Bytes of snapshot files written by compaction passes, by kind (full, delta).",
+    "kind",
+)
 COMPACTION_SECONDS: Final = Histogram(
     "statelog_compaction_seconds", "Seconds per compaction pass that wrote a snapshot.",
     _STORE, buckets=_COMPACTION_BUCKETS, registry=REGISTRY,
@@ -243,15 +249,33 @@ def _on_event(event: events.Event) -> None:
     elif kind == "truncation":
         TRUNCATIONS.labels(label, _text(f, "reason")).inc()
     elif kind == "compaction":
-        COMPACTIONS.labels(label).inc()
-        seconds = _count(f, "seconds")
-        if seconds is not None:
-            COMPACTION_SECONDS.labels(label).observe(seconds)
+        _on_compaction(label, f)
     elif kind == "retention_delete":
         listed = f.get("files")
         RETENTION_DELETIONS.labels(label).inc(len(listed) if isinstance(listed, list) else 1)
     elif kind == "base_swap":
         BASE_SWAPS.labels(label).inc()
+
+
+_SNAPSHOT_KINDS = frozenset({"full", "delta"})
+
+
+def _on_compaction(label: str, f: Any) -> None:
+    """A pass that wrote a snapshot: counted, timed, and its bytes counted by kind.
+
+    An event without a known ``snapshot_kind`` (from an older emitter) is
+    counted under ``kind="unknown"``, so the totals by kind still add up.
+    """
+    COMPACTIONS.labels(label).inc()
+    seconds = _count(f, "seconds")
+    if seconds is not None:
+        COMPACTION_SECONDS.labels(label).observe(seconds)
+    written_kind = f.get("snapshot_kind")
+    written_kind = written_kind if written_kind in _SNAPSHOT_KINDS else "unknown"
+    COMPACTION_PASSES.labels(label, written_kind).inc()
+    written = _count(f, "written_bytes")
+    if written:
+        COMPACTION_WRITTEN.labels(label, written_kind).inc(written)
 
 
 _installed = False
@@ -271,111 +295,14 @@ def install() -> None:
             _installed = True
 
 
-# -- scrape-time gauges ----------------------------------------------------------
+# -- scrape-time gauges: statelog.ops.metrics_gauges ----------------------------
 
-# A scrape reads at most this much meta: a damaged length field costs no more.
-_META_MAX = 1 << 20
-
-
-class _StoreGauges(Collector):
-    """Reads each watched store's directory when scraped; the writer never pays for it."""
-
-    def __init__(self) -> None:
-        self._roots: Refcounts[Path] = Refcounts()
-        self._guard = threading.Lock()
-
-    def watch(self, root: Path) -> None:
-        with self._guard:
-            self._roots[root] += 1
-
-    def unwatch(self, root: Path) -> None:
-        with self._guard:
-            if self._roots.get(root, 0) > 1:
-                self._roots[root] -= 1
-            else:
-                self._roots.pop(root, None)
-
-    def roots(self) -> list[Path]:
-        with self._guard:
-            return sorted(self._roots)
-
-    def describe(self) -> list[Metric]:
-        # Registration asks for names only: never read a store to answer it.
-        return list(self._families())
-
-    def collect(self) -> Iterator[Metric]:
-        tail, age, count = self._families()
-        now = time.time()
-        for root in self.roots():
-            label = str(root)
-            try:
-                snaps = list_snapshots(root / "snapshots")
-                segments = list_segments(root / "wal")
-            except OSError as exc:  # a missing or unreadable store: no samples, no failed scrape
-                log.debug("store=%s event=metrics_store_unreadable error=%r", root, str(exc))
-                continue
-            newest_lsn = snaps[0][1] if snaps else 0
-            tail.add_metric([label], _tail_bytes(segments, newest_lsn))
-            count.add_metric([label], len(snaps))
-            if snaps:
-                created = _created_seconds(snaps[0][2])
-                if created is not None:
-                    age.add_metric([label], max(0.0, now - created))
-        yield from (tail, age, count)
-
-    @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
-        G = GaugeMetricFamily
-        return (
-            G("statelog_tail_bytes", "Log bytes after the newest snapshot.", labels=_STORE),
-            G("statelog_snapshot_age_seconds", "Age of the newest snapshot.", labels=_STORE),
-            G("statelog_snapshots", "Snapshot files in the store.", labels=_STORE),
-        )
-
-
-def _tail_bytes(segments: list[tuple[int, int, Path]], lsn: int) -> int:
-    """Bytes of the segments that start after ``lsn``, the active one included.
-
-    Snapshots end on segment boundaries (the compactor folds whole
-    segments), so a segment holds records after ``lsn`` exactly when it
-    starts after it.
-    """
-    total = 0
-    for _, first_lsn, path in segments:
-        if first_lsn > lsn:
-            try:
-                total += path.stat().st_size
-            except FileNotFoundError:  # deleted by retention since the listing
-                continue
-    return total
-
-
-def _created_seconds(path: Path) -> float | None:
-    """When the snapshot at ``path`` was written: its ``created_ms``, else its mtime.
-
-    Reads only the header and meta, unverified: a scrape must stay cheap,
-    and damage is reported by ``statelog_integrity_mismatches_total``.
-    None when the file is gone (retention) or unreadable.
-    """
-    try:
-        mtime = path.stat().st_mtime
-        with path.open("rb") as fh:
-            meta_len = peek_meta_len(fh.read(SNAPSHOT_HEADER_SIZE))
-            if meta_len is None:
-                return mtime
-            raw = fh.read(min(meta_len, _META_MAX))
-    except OSError:
-        return None
-    created = peek_created_ms(raw)
-    return mtime if created is None else created / 1000.0
-
-
-_GAUGES: Final = _StoreGauges()
+_GAUGES: Final = StoreGauges()
 REGISTRY.register(_GAUGES)
 
 
 def watch(root: Path) -> None:
-    """Report the tail, snapshot age and snapshot count of the store at ``root`` when scraped.
+    """Report the tail, the newest snapshot's age and chain length, and the snapshot count.
 
     Watches are counted: a store watched twice (a writer and an in-process
     daemon) stays watched until unwatched twice. Reads nothing now.

@@ -18,6 +18,7 @@ Order of steps: read ``IDENTITY``; pin every snapshot and segment listed
 (:mod:`statelog.storage.pins`, so that a compactor's retention cannot delete them
 mid-read; skipped when the store's file system refuses the pin file);
 re-hash each snapshot, newest first, and check that it links to the log;
+check that each delta snapshot's chain holds (:mod:`statelog.ops.verify_chain`);
 scan each segment in log order (header, every frame's checksum, the chain
 across frames and across segments, fragments, record epochs, the seal,
 and the writer generation: rule H5 of ``docs/format.md``, a generation
@@ -47,6 +48,7 @@ from statelog.format.records import RecordSchemaError, decode_record
 from statelog.log.reader import SegmentScan, StopKind, scan_segment
 from statelog.log.segments import list_segments
 from statelog.ops.verify_base import check_base_images
+from statelog.ops.verify_chain import check_chains
 from statelog.ops.verify_report import Finding, SegmentCheck, SnapshotCheck, Verdict, VerifyReport
 from statelog.recovery.ladder import check_link
 from statelog.recovery.readonly import recover_readonly
@@ -55,7 +57,7 @@ from statelog.storage.fileio import FileLayer
 from statelog.storage.image_cache import STAMP_SUFFIX
 from statelog.storage.layout import StoreLayout
 from statelog.storage.pins import pin
-from statelog.storage.snapshots import list_snapshots, verify_snapshot
+from statelog.storage.snapshots import SnapshotMeta, list_snapshots, verify_snapshot
 
 __all__ = [
     "Finding",
@@ -82,6 +84,7 @@ class _Run:
     progress: ProgressFn | None
     done: int = 0
     findings: list[Finding] = field(default_factory=list)
+    metas: dict[str, SnapshotMeta] = field(default_factory=dict)  # snapshots that verified
 
     def read(self, path: Path) -> bytes | None:
         """The bytes of ``path``; None if it vanished since it was listed (not damage)."""
@@ -144,6 +147,9 @@ def verify_store(path: Path, progress: ProgressFn | None = None) -> VerifyReport
     names = [f"snapshots/{p.name}" for *_, p in snaps] + [f"wal/{p.name}" for *_, p in segs]
     with _pinned(root, names):
         snap_checks = tuple(_check_snapshot(run, layout, e, lsn, p) for e, lsn, p in snaps)
+        snap_checks = check_chains(
+            snap_checks, run.metas, lambda p, kind, why: run.damaged(p, None, kind, why)
+        )
         _check_base(run, layout)
         seg_checks = tuple(_scan_log(run, segs))
         recovery, why = _ladder(run, layout, bool(segs))
@@ -200,9 +206,8 @@ def _check_snapshot(
     except OSError as exc:
         raise StorageError(f"reading {path} failed: {exc}", errno=exc.errno) from exc
     run.tick(path, size)
-    why = check_link(layout.wal, meta)
-    if why is not None:
-        run.damaged(path, None, "link", f"does not link to the log: {why}")
+    run.metas[path.name] = meta
+    why = check_link(layout.wal, meta)  # a finding unless a chain needs it: check_chains
     return SnapshotCheck(path, epoch, lsn, size, True, why is None, meta.created_ms, why)
 
 

@@ -6,7 +6,11 @@ and the image has the stamped CRC-32C (:mod:`statelog.storage.image_cache`).
 Those checks catch a torn or rotted image, not one edited together with its
 stamp. So for every image that would be mapped, this module reads the
 snapshot's record stream and the image side by side and reports an image
-whose tables, keys or values differ. Images that would not be mapped (no
+whose tables, keys or values differ. A delta snapshot's image holds only
+the delta's own records: each put with its value, each deleted key with
+the value :data:`~statelog.storage.snapshot_body.TOMBSTONE`; it is compared
+with the delta's stream key by key (deletes and puts of a table are each
+sorted, not together), and must hold nothing else. Images that would not be mapped (no
 stamp, a stale stamp, a CRC that differs) are rebuilt by the next open and
 are not damage. Read-only: the image is opened read-only, nothing is removed.
 """
@@ -23,9 +27,10 @@ import crc32c
 import lmdb
 
 from statelog.errors import CorruptionError, FormatVersionError
-from statelog.format.snapshot import HEADER_SIZE, IMAGE_VERSION, SnapshotHeader
+from statelog.format.snapshot import FLAG_DELTA, HEADER_SIZE, IMAGE_VERSION, SnapshotHeader
 from statelog.format.stream import TableChunk
 from statelog.storage.image_cache import STAMP_SUFFIX, image_crc, reusable_image
+from statelog.storage.snapshot_body import TOMBSTONE
 from statelog.storage.snapshot_read import read_snapshot
 from statelog.storage.snapshots import list_snapshots
 
@@ -72,7 +77,7 @@ class _Compare:
         self._seen[chunk.table] = self._seen.get(chunk.table, 0) + len(got)
 
     def finish(self) -> None:
-        """The image holds no table or key the snapshot lacks."""
+        """The image holds no table or key the snapshot lacks (a delta's: it did not name)."""
         with self._env.begin() as txn:
             names = sorted(bytes(k).decode("utf-8", "replace") for k, _ in txn.cursor())
         for name in names:
@@ -82,6 +87,31 @@ class _Compare:
             want = self._seen.get(name, 0)
             if held != want:
                 raise _Differs(f"table {name!r}: the image holds {held} keys, the snapshot {want}")
+
+
+class _DeltaCompare(_Compare):
+    """Looks each key of a delta's chunks up in its image: a put's value, or a tombstone."""
+
+    def add(self, chunk: TableChunk) -> None:
+        try:
+            db = self._env.open_db(chunk.table.encode("utf-8"), create=False)
+        except lmdb.NotFoundError:
+            raise _Differs(f"table {chunk.table!r} is missing from the image") from None
+        wants: list[bytes] = (
+            [TOMBSTONE] * len(chunk.keys) if chunk.deleted else list(map(bytes, chunk.values))
+        )
+        with self._env.begin(db=db, buffers=False) as txn:
+            for key, want in zip(chunk.keys, wants, strict=True):
+                got = txn.get(key)
+                if got is None:
+                    raise _Differs(f"table {chunk.table!r}: key {key[1:17]!r} is missing")
+                if got != want:
+                    what = "a delete" if chunk.deleted else "a put"
+                    raise _Differs(
+                        f"table {chunk.table!r}: key {key[1:17]!r} differs from the delta's "
+                        f"record ({what})"
+                    )
+        self._seen[chunk.table] = self._seen.get(chunk.table, 0) + len(chunk.keys)
 
 
 def _images(base: Path) -> Iterator[Path]:
@@ -129,7 +159,10 @@ class _Crc:
 
 def _differs(image: Path, snap: Path, store_id: uuid.UUID) -> str | None:
     with open(snap, "rb") as fh:
-        version = SnapshotHeader.peek_version(fh.read(HEADER_SIZE))
+        head = fh.read(HEADER_SIZE)
+    version = SnapshotHeader.peek_version(head)
+    if version is None or len(head) < HEADER_SIZE:
+        return None  # the snapshot's own check reports it
     if version == IMAGE_VERSION:  # the body is the image itself: compare their bytes
         body = _Crc()
         try:
@@ -144,7 +177,8 @@ def _differs(image: Path, snap: Path, store_id: uuid.UUID) -> str | None:
     except lmdb.Error:
         return None  # open in this process, or not an image an open could map either
     try:
-        compare = _Compare(env)
+        delta = bool(SnapshotHeader.unpack(head).flags & FLAG_DELTA)
+        compare = _DeltaCompare(env) if delta else _Compare(env)
         read_snapshot(snap, store_id, consume=compare)
         compare.finish()
     except _Differs as exc:

@@ -36,7 +36,7 @@ class Finding:
 
     path: Path
     offset: int | None
-    kind: str  # identity, snapshot, base, link, segment, torn-tail, log, recovery
+    kind: str  # identity, snapshot, chain, base, link, segment, torn-tail, log, recovery
     reason: str
 
     def __str__(self) -> str:
@@ -46,7 +46,13 @@ class Finding:
 
 @dataclass(frozen=True, slots=True)
 class SnapshotCheck:
-    """One snapshot: whether every byte verified and whether it links to the log."""
+    """One snapshot: whether every byte verified and whether it links to the log.
+
+    ``depth`` is 0 for a full snapshot and the deltas down to its full one
+    for a delta, whose ``parent`` is the file it names (both None when it
+    did not verify). ``chain`` says why a delta's chain is broken (a parent
+    missing, damaged or not the one it names), None when it holds.
+    """
 
     path: Path
     epoch: int
@@ -56,6 +62,9 @@ class SnapshotCheck:
     links: bool
     created_ms: int | None = None
     reason: str | None = None
+    depth: int | None = None
+    parent: str | None = None
+    chain: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

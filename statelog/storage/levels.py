@@ -39,7 +39,15 @@ from statelog.storage.image_cache import (
 from statelog.storage.layered import LayeredBase, open_levels
 from statelog.storage.snapshot_read import HINT, SnapshotMeta
 
-__all__ = ["MAX_DEPTH", "Chain", "ImageSources", "Read", "chain_links", "open_chain"]
+__all__ = [
+    "MAX_DEPTH",
+    "Chain",
+    "ImageSources",
+    "Read",
+    "chain_links",
+    "link_problem",
+    "open_chain",
+]
 
 MAX_DEPTH = 256
 """The longest chain any reader follows (the compactor's own limit is far lower)."""
@@ -74,9 +82,14 @@ class Chain:
         return frozenset(p.name for p in self.snapshots)
 
 
-def _link_problem(child: SnapshotMeta, parent: SnapshotMeta) -> str | None:
+def link_problem(child: SnapshotMeta, parent: SnapshotMeta) -> str | None:
+    """Why ``parent`` is not the snapshot the delta ``child`` names (None: it is).
+
+    Compares the parent's footer digest, depth and store with the child's
+    ``delta`` link; the reason names the parent's file.
+    """
     link = child.delta
-    assert link is not None
+    assert link is not None, "a full snapshot has no parent"
     if parent.sha256 != link.parent_sha256:
         return (
             f"{link.parent} hashes to {parent.sha256[:16]}..., "
@@ -116,7 +129,7 @@ def chain_links(snap_dir: Path, path: Path, read: Read) -> list[tuple[Path, Snap
             raise CorruptionError(
                 path, HEADER_SIZE, f"chain: {parent.name}: {exc.reason}", hint=HINT
             ) from exc
-        why = _link_problem(meta, pmeta)
+        why = link_problem(meta, pmeta)
         if why is not None:
             raise CorruptionError(path, HEADER_SIZE, f"chain: {why}", hint=HINT)
         links.append((parent, pmeta, pextra))

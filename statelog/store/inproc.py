@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
@@ -37,7 +38,7 @@ from statelog.compaction.lock import CompactorLock
 from statelog.errors import CompactorLockedError
 from statelog.store.options import CompactorMode
 
-__all__ = ["InProcessCompactor", "start_compactor"]
+__all__ = ["CompactorSettings", "InProcessCompactor", "start_compactor"]
 
 log = logging.getLogger("statelog.store.store")
 
@@ -46,8 +47,19 @@ class InProcessCompactor(Protocol):
     def stop(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class CompactorSettings:
+    """What every pass of an in-process compactor is given (checked by ``StoreOptions``)."""
+
+    interval: float  # seconds between passes
+    min_tail_bytes: int
+    retain: int
+    max_chain: int = 8
+    full_ratio: float = 0.5
+
+
 class _ThreadCompactor:
-    def __init__(self, store: Path, interval: float, min_tail_bytes: int, retain: int) -> None:
+    def __init__(self, store: Path, s: CompactorSettings) -> None:
         self._lock = CompactorLock(store)  # raises CompactorLockedError
         self._stop = threading.Event()
 
@@ -56,12 +68,14 @@ class _ThreadCompactor:
             # daemon, and the engine adds 14-18 ms to every `import statelog`.
             from statelog.compaction.fold import compact
 
-            while not self._stop.wait(interval):
+            while not self._stop.wait(s.interval):
                 try:
                     compact(
                         store,
-                        min_tail_bytes=min_tail_bytes,
-                        retain=retain,
+                        min_tail_bytes=s.min_tail_bytes,
+                        retain=s.retain,
+                        max_chain=s.max_chain,
+                        full_ratio=s.full_ratio,
                         lock=self._lock,
                         stop=self._stop.is_set,
                     )
@@ -78,19 +92,16 @@ class _ThreadCompactor:
 
 
 class _ProcessCompactor:
-    def __init__(self, store: Path, interval: float, min_tail_bytes: int, retain: int) -> None:
+    def __init__(self, store: Path, s: CompactorSettings) -> None:
         argv = [
-            sys.executable,
-            "-m",
-            "compactor",
-            "--interval",
-            str(interval),
-            "--min-tail-bytes",
-            str(min_tail_bytes),
-            "--retain",
-            str(retain),
+            sys.executable, "-m", "compactor",
+            "--interval", str(s.interval),
+            "--min-tail-bytes", str(s.min_tail_bytes),
+            "--retain", str(s.retain),
+            "--max-chain", str(s.max_chain),
+            "--full-ratio", repr(float(s.full_ratio)),
             str(store),
-        ]
+        ]  # fmt: skip
         self._stopping = False
         self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         self._watch = threading.Thread(
@@ -128,16 +139,29 @@ def _die_with_parent() -> None:
 
 
 def start_compactor(
-    mode: CompactorMode, store: Path, interval: timedelta, min_tail_bytes: int, retain: int
+    mode: CompactorMode,
+    store: Path,
+    interval: timedelta,
+    min_tail_bytes: int,
+    retain: int,
+    *,
+    max_chain: int = 8,
+    full_ratio: float = 0.5,
 ) -> InProcessCompactor | None:
-    """Start the compactor ``mode`` asks for (options already checked), or None for ``"none"``."""
+    """Start the compactor ``mode`` asks for (options already checked), or None for ``"none"``.
+
+    ``max_chain`` and ``full_ratio`` reach every pass (the thread's
+    ``compact`` call, the child's ``--max-chain`` and ``--full-ratio``).
+    """
     if mode == "none":
         return None
-    seconds = interval.total_seconds()
+    settings = CompactorSettings(
+        interval.total_seconds(), min_tail_bytes, retain, max_chain, full_ratio
+    )
     if mode == "process":
-        return _ProcessCompactor(store, seconds, min_tail_bytes, retain)
+        return _ProcessCompactor(store, settings)
     try:
-        return _ThreadCompactor(store, seconds, min_tail_bytes, retain)
+        return _ThreadCompactor(store, settings)
     except CompactorLockedError as exc:
         log.warning("store=%s event=compactor_already_running detail=%r", store, str(exc))
         return None

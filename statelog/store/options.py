@@ -26,6 +26,7 @@ __all__ = [
     "CompactorMode",
     "Durability",
     "StoreOptions",
+    "check_chain_options",
     "check_compactor_options",
     "check_remote_options",
     "check_sizes",
@@ -83,6 +84,12 @@ class StoreOptions:
     """The in-process compactor folds once this many sealed log bytes accumulated."""
     retain: int = 3
     """Snapshots the in-process compactor keeps."""
+    max_chain: int = 8
+    """The most delta snapshots the in-process compactor writes above a full one,
+    0 to 64 (0: every pass writes a full snapshot)."""
+    full_ratio: float = 0.5
+    """The in-process compactor writes a full snapshot once the chain's delta
+    bytes would exceed this fraction of the full snapshot's body, in (0, 10]."""
     remote: str | None = None
     """``s3://bucket/prefix`` of the store's remote copy (writer only, with
     ``compactor="none"``; ``docs/remote.md``)."""
@@ -105,6 +112,7 @@ class StoreOptions:
         check_compactor_options(
             self.compactor, self.compactor_interval, self.min_tail_bytes, self.retain
         )
+        check_chain_options(self.max_chain, self.full_ratio)
         refresh = self.base_refresh
         if not isinstance(refresh, timedelta) or refresh <= timedelta(0):
             raise InvalidOptionError(f"base_refresh={refresh!r}", hint="a positive timedelta")
@@ -208,6 +216,31 @@ def check_compactor_options(
         raise InvalidOptionError(
             f"min_tail_bytes={min_tail_bytes!r} retain={retain!r}",
             hint="min_tail_bytes >= 0 and retain >= 1",
+        )
+
+
+def check_chain_options(max_chain: object, full_ratio: object) -> None:
+    """Validate the in-process compactor's chain limits.
+
+    The ranges are those of ``statelog.compaction.fold.compact``, checked
+    here too so that a bad value fails the open before any file is touched,
+    not the first pass minutes later.
+
+    :raises InvalidOptionError: ``max_chain`` not an int from 0 to 64, or
+        ``full_ratio`` not a number above 0 and at most 10.
+    """
+    if not isinstance(max_chain, int) or isinstance(max_chain, bool) or not 0 <= max_chain <= 64:
+        raise InvalidOptionError(
+            f"max_chain={max_chain!r}",
+            hint="an int from 0 to 64: the most deltas above a full snapshot "
+            "(0: every pass writes a full snapshot)",
+        )
+    number = isinstance(full_ratio, int | float) and not isinstance(full_ratio, bool)
+    if not number or not 0.0 < float(full_ratio) <= 10.0:  # type: ignore[arg-type]
+        raise InvalidOptionError(
+            f"full_ratio={full_ratio!r}",
+            hint="a number above 0 and at most 10, such as 0.5: the share of the full "
+            "snapshot's body the chain's deltas may reach",
         )
 
 

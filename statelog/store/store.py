@@ -87,7 +87,8 @@ class StateStore:
         (``"commit"``, ``"group"`` with ``group_delay``, ``"none"``), the
         log's ``segment_bytes``, ``fragment_bytes`` and ``max_record_bytes``,
         ``readonly``, ``strict``, the writer's ``base_refresh``, an in-process
-        ``compactor`` (``compactor_interval``, ``min_tail_bytes``, ``retain``),
+        ``compactor`` (``compactor_interval``, ``min_tail_bytes``, ``retain``,
+        ``max_chain``, ``full_ratio``),
         ``remote`` with ``remote_check``, and a ``file_layer``.
 
         Read-only: recovers without the lock and without changing the store
@@ -139,8 +140,9 @@ class StateStore:
         self.generation, self.restored = opened.generation, opened.restored
         try:
             writer.compactor = start_compactor(
-                opts.compactor, self.path, opts.compactor_interval, opts.min_tail_bytes, opts.retain
-            )
+                opts.compactor, self.path, opts.compactor_interval, opts.min_tail_bytes,
+                opts.retain, max_chain=opts.max_chain, full_ratio=opts.full_ratio,
+            )  # fmt: skip
         except BaseException:
             self.close()
             raise
