@@ -11,6 +11,7 @@
 | remote retention keeping 1 or 2 restore points| every kept chain complete; restore exact     |
 | retention with an old chain pinned            | the pinned link deferred, never deleted      |
 | chain fields outside the grammar              | MANIFEST refused before any object is read   |
+| a signed MANIFEST's chain field rewritten     | signature fails: refused, nothing restored   |
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import statelog
 from statelog.compaction.fold import compact
 from statelog.remote import RemoteIntegrityError, read_manifest, restore, ship
 from statelog.remote.checks import chain_problem
+from statelog.remote.client import RemoteClient
 from statelog.remote.manifest import Entry, Manifest
 from statelog.remote.pins import remote_pin
 from statelog.remote.plan import Planner
@@ -72,13 +74,14 @@ def chained_store(
     *,
     rounds: int = 5,
     max_chain: int = 8,
+    client: RemoteClient | None = None,
 ) -> Shipped:
     """A store of ``KEYS`` keys, then ``rounds`` small rounds each compacted into a delta
     (a full snapshot every ``max_chain + 1`` passes) and shipped."""
     src = tmp_path / "src"
     model: dict[str, Any] = {}
     states: dict[int, dict[str, Any]] = {}
-    client = remote.client()
+    client = client or remote.client()
     with statelog.open(src, segment_bytes=SEG) as st:
         st.commit(offsets={"p0": 0}, low_watermark_ms=0, put={f"k{j}": j for j in range(KEYS)})
         model.update({f"k{j}": j for j in range(KEYS)})
@@ -328,3 +331,47 @@ def test_a_manifest_with_a_bad_chain_field_is_refused(tmp_path: Path, remote: Re
     with pytest.raises(RemoteIntegrityError, match="parent"):
         restore(remote.url, tmp_path / "dst", client=remote.client())
     assert not (tmp_path / "dst").exists()
+
+
+def test_the_signature_covers_the_chain_fields(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
+    env = {**remote.server.env(), "STATELOG_REMOTE_KEY": "5e" * 32}
+    keyed = RemoteClient.from_url(remote.url, env=env, retry=remote.client().retry)
+    shipped = chained_store(tmp_path, remote, rounds=2, client=keyed)
+    victim = newest_chain(manifest_of(remote, shipped.sid))[-1]
+    assert victim.depth == 2  # signed manifests carry the chain fields too
+    forge(remote, shipped.sid, lambda d: _entry(d, victim.key).update(depth=1))
+    with pytest.raises(RemoteIntegrityError, match="signature"):
+        restore(remote.url, tmp_path / "dst", client=keyed)
+    assert not (tmp_path / "dst").exists()
+
+
+def _link(epoch: int, **chain: Any) -> Entry:
+    name = f"{epoch:016x}-{epoch * 10:016x}.snap"
+    return Entry(f"{_SID}/snapshots/00000001/{name}", "snapshot", name, _SHA, 1, 1,
+                 last_lsn=epoch * 10, epoch=epoch, **chain)  # fmt: skip
+
+
+_FULL = _link(1, digest="11" * 32)
+_D1 = _link(2, digest="22" * 32, parent=_FULL.name, parent_sha256="11" * 32, depth=1)
+
+
+@pytest.mark.parametrize(
+    ("objects", "want"),
+    [
+        ((_FULL, _D1, _link(3, parent=_D1.name, parent_sha256="22" * 32, depth=2)), 3),
+        ((_link(1), _link(2, parent=_FULL.name, parent_sha256="11" * 32, depth=1)), 2),
+        ((_D1, _link(3, parent=_D1.name, parent_sha256="22" * 32, depth=2)), "not in the manifest"),
+        ((_FULL, _D1, _link(3, parent=_D1.name, parent_sha256="33" * 32, depth=2)), "names"),
+        ((_FULL, _D1, _link(3, parent=_D1.name, parent_sha256="22" * 32, depth=3)), "depth"),
+    ],
+    ids=["whole", "old-parent-without-digest", "parent-missing", "digest-differs", "depth-off"],
+)
+def test_the_planner_follows_a_chain_by_name_digest_and_depth(
+    objects: tuple[Entry, ...], want: int | str
+) -> None:
+    m = Manifest(1, str(_SID), 1, "w", "w", 0, objects=objects)
+    got = Planner(m).chain_of(m.snapshots[0])
+    if isinstance(want, int):
+        assert not isinstance(got, str) and [e.epoch for e in got] == list(range(1, want + 1))
+    else:
+        assert isinstance(got, str) and got.startswith("chain:") and want in got
