@@ -8,7 +8,9 @@ them names a local path, sizes a read or reaches a request:
   store's own grammar (segment and snapshot names exactly as
   :mod:`statelog.format.wal` and :mod:`statelog.format.snapshot` write
   them; the key exactly as :class:`.url.StoreKeys` builds it), its hash is
-  64 lowercase hex digits and its numbers are not negative;
+  64 lowercase hex digits and its numbers are not negative; a snapshot's
+  chain fields (:func:`chain_problem`) are those of a full snapshot or of a
+  delta naming an older snapshot of the same grammar;
 * :func:`check_garbage`: retention deletes only this store's data objects;
 * :func:`store_id_of`: a directory of an object listing is a store only if
   it is a UUID in its canonical spelling;
@@ -35,6 +37,7 @@ from statelog.format.snapshot import parse_snapshot_name, snapshot_name
 from statelog.format.wal import parse_segment_name, segment_name
 from statelog.remote.errors import RemoteIntegrityError
 from statelog.remote.url import StoreKeys
+from statelog.storage.levels import MAX_DEPTH
 
 if TYPE_CHECKING:
     from statelog.remote.manifest import Entry
@@ -45,6 +48,7 @@ __all__ = [
     "MANIFEST_LIMIT",
     "PIN_LIMIT",
     "Confined",
+    "chain_problem",
     "check_entries",
     "check_garbage",
     "local_name_problem",
@@ -67,6 +71,7 @@ KINDS = {
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _NUMBERS = (
     "size", "generation", "sequence", "first_lsn", "prev_crc", "last_lsn", "end_crc", "epoch",
+    "depth",
 )  # fmt: skip
 _REFUSED = (
     "the MANIFEST names an object or a file outside the store's grammar; nothing was "
@@ -92,6 +97,39 @@ def local_name_problem(kind: str, name: str) -> str | None:
     return None
 
 
+def chain_problem(e: Entry) -> str | None:
+    """Why ``e``'s chain fields (``digest``, ``parent``, ``parent_sha256``, ``depth``) are
+    not ones the shipper writes; None if they are.
+
+    A segment has none. A snapshot's ``digest`` is empty (an old manifest) or
+    64 lower-case hex digits. A full snapshot (``depth`` 0) names no parent; a
+    delta names a parent spelled by the snapshot grammar that sorts before it
+    (an older ``(epoch, lsn)``), the parent's digest in hex, and a depth of at
+    most :data:`~statelog.storage.levels.MAX_DEPTH`.
+    """
+    if e.kind != "snapshot":
+        if e.digest or e.parent or e.parent_sha256 or e.depth:
+            return f"{e.key!r} is a segment with snapshot chain fields"
+        return None
+    if e.digest and not _SHA256.fullmatch(e.digest):
+        return f"{e.key!r} has a digest that is not 64 lower-case hex digits"
+    if e.depth == 0:
+        if e.parent or e.parent_sha256:
+            return f"{e.key!r} names a parent but has depth 0"
+        return None
+    if e.depth > MAX_DEPTH:
+        return f"{e.key!r} has depth {e.depth}, more than {MAX_DEPTH}"
+    why = local_name_problem("snapshot", e.parent)
+    if why is not None:
+        return f"{e.key!r}: parent {why}"
+    parent, child = parse_snapshot_name(e.parent), parse_snapshot_name(e.name)
+    if parent is None or child is None or parent >= child:
+        return f"{e.key!r} names parent {e.parent!r}, which does not sort before it"
+    if not _SHA256.fullmatch(e.parent_sha256):
+        return f"{e.key!r} has a parent digest that is not 64 lower-case hex digits"
+    return None
+
+
 def check_entries(manifest_key: str, store_id: uuid.UUID, entries: Iterable[Entry]) -> None:
     """Refuse the MANIFEST if any entry breaks the grammar (module docstring).
 
@@ -108,6 +146,8 @@ def check_entries(manifest_key: str, store_id: uuid.UUID, entries: Iterable[Entr
                 why = f"key {e.key!r} is not the key of {e.kind} {e.name}"
         if why is None and not _SHA256.fullmatch(e.sha256):
             why = f"{e.key!r} has no SHA-256 of 64 lower-case hex digits"
+        if why is None:
+            why = chain_problem(e)
         if why is not None:
             raise RemoteIntegrityError(manifest_key, why, hint=_REFUSED)
 

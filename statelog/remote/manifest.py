@@ -74,7 +74,17 @@ _ROUNDS = 20  # conditional-write rounds before giving up on a busy manifest
 
 
 class Entry(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One shipped object. LSNs and crcs let restore plan the chain without downloading."""
+    """One shipped object. LSNs and crcs let restore plan the chain without downloading.
+
+    A snapshot entry also carries its place in a snapshot chain, so planning
+    needs no download: ``digest`` is the snapshot's footer digest (hex), and
+    a delta names its ``parent`` (file name), the parent's footer digest
+    (``parent_sha256``) and its ``depth`` (1: the parent is full). All four
+    default to empty or 0, which is also how a manifest written before delta
+    snapshots spells a full snapshot, so such a manifest reads unchanged (and
+    re-encodes to the same bytes: defaults are omitted, so a signature over
+    it still verifies).
+    """
 
     key: str  # relative to the URL's prefix
     kind: str  # "wal" or "snapshot"
@@ -88,6 +98,10 @@ class Entry(msgspec.Struct, frozen=True, omit_defaults=True):
     last_lsn: int = 0  # wal: LSN in the SEAL; snapshot: its LSN
     end_crc: int = 0  # wal: the SEAL frame's crc; snapshot: its chain
     epoch: int = 0  # snapshot: its epoch
+    digest: str = ""  # snapshot: its footer digest, hex ("": not recorded, an old manifest)
+    parent: str = ""  # delta snapshot: its parent's file name
+    parent_sha256: str = ""  # delta snapshot: the parent's footer digest it names, hex
+    depth: int = 0  # snapshot: deltas from its full snapshot (0: it is full)
 
 
 class Manifest(msgspec.Struct, frozen=True):

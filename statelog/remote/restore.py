@@ -14,12 +14,15 @@ leaves no half-restored store behind. Steps, in order:
    pin every object it lists (:mod:`.pins`), read the MANIFEST again, and
    start over if it changed meanwhile: the objects of the version read
    stay until the pin is released or expires;
-3. plan with the ladder's rules (:mod:`.plan`): the newest snapshot that
-   links to the remote log. Download it, check its SHA-256 against the
-   manifest and the object's metadata, then verify its own footer hash;
-   a snapshot that fails is logged at ERROR, named in ``rejected``, left
-   on the remote as evidence, and the plan walks back to an older one (or
-   to the log from LSN 1); nothing left: :class:`ResnapshotRequired`;
+3. plan with the ladder's rules (:mod:`.plan`): the newest restore point
+   (a snapshot whose whole chain the manifest lists) that links to the
+   remote log. Download every link of its chain, full snapshot first, and
+   verify each (:mod:`.links`: SHA-256 against the manifest and the
+   object's metadata, its footer hash as its image is built in ``base/``,
+   its digest against what its child names); a snapshot that fails, or
+   whose chain fails, is logged at ERROR, named in ``rejected``, left on
+   the remote as evidence, and the plan walks back to an older one (or to
+   the log from LSN 1); nothing left: :class:`ResnapshotRequired`;
 4. download the segments that follow, each hash-checked and scanned whole
    (header, frames, chain from the previous one, its SEAL). A damaged
    segment stops the restore at the last good epoch before it: later
@@ -44,8 +47,6 @@ from datetime import timedelta
 from pathlib import Path
 
 from statelog.errors import (
-    CorruptionError,
-    FormatVersionError,
     RemoteError,
     ResnapshotRequired,
 )
@@ -55,6 +56,8 @@ from statelog.recovery.readonly import recover_readonly
 from statelog.remote.checks import IDENTITY_LIMIT, store_id_of
 from statelog.remote.client import RemoteClient
 from statelog.remote.errors import RemoteIntegrityError, RemoteNotFoundError
+from statelog.remote.links import ChainFetcher
+from statelog.remote.links import refuse as _refuse
 from statelog.remote.manifest import Entry, Manifest, acquire, read_manifest
 from statelog.remote.pins import remote_pin
 from statelog.remote.plan import Planner
@@ -63,8 +66,7 @@ from statelog.remote.signing import KEY_ENV
 from statelog.remote.staging import Staging, resolve_dest
 from statelog.remote.url import StoreKeys
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image_cache import extract_stamped, image_path, stamp_of
-from statelog.storage.layout import BASE_DIR, IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
+from statelog.storage.layout import IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
 
 __all__ = ["RestoreResult", "find_store", "restore"]
 
@@ -200,14 +202,17 @@ def _restore(
 ) -> RestoreResult:
     _identity(st, m, sid)
     rejected: dict[str, str] = {}
-    plan = Planner(m).walk(lambda snap: _snapshot_ok(st, snap, sid, rejected))
+    planner = Planner(m)
+    links = ChainFetcher(st, sid, rejected, planner.chain_of)
+    plan = planner.walk(links.accept, lambda snap, why: _refuse(rejected, snap.key, why))
     if plan is None:
         tried = [(Path(k), why) for k, why in rejected.items()]
         raise ResnapshotRequired(
             f"no remote snapshot of {sid} verifies and the remote log does not reach LSN 1",
             tried,
         )
-    restored: list[Entry] = [plan.snapshot] if plan.snapshot else []
+    links.keep_only({e.name for e in plan.chain})  # no snapshot left without its chain
+    restored: list[Entry] = list(plan.chain)
     if plan.covering is not None and _segment_ok(st, plan.covering, sid, None, rejected):
         restored.append(plan.covering)
     epoch = plan.snapshot.last_lsn if plan.snapshot else 0
@@ -245,30 +250,6 @@ def _restore(
         tuple(e.key for e in restored if e.kind == "wal"),
         tuple(rejected.items()), range(epoch + 1, max(epoch, m.last_epoch) + 1), st.bytes, 0.0,
     )  # fmt: skip
-
-
-def _refuse(rejected: dict[str, str], key: str, why: str) -> bool:
-    log.error("event=remote_object_rejected key=%s reason=%r", key, why)
-    rejected[key] = why
-    return False
-
-
-def _snapshot_ok(st: Staging, e: Entry, sid: uuid.UUID, rejected: dict[str, str]) -> bool:
-    try:
-        path = st.fetch(e)
-        image = st.confined.path(BASE_DIR, image_path(Path(BASE_DIR), path).name)
-        st.files.makedirs(image.parent)
-        # Verified as the base image is built: the first open then maps it as it is.
-        meta = extract_stamped(st.files, path, image, store_id=sid, portable_only=True)
-    except (RemoteIntegrityError, CorruptionError, FormatVersionError, RemoteNotFoundError) as exc:
-        st.remove(e)
-        return _refuse(rejected, e.key, getattr(exc, "reason", None) or str(exc))
-    if (meta.lsn, meta.chain) != (e.last_lsn, e.end_crc):
-        st.remove(e)
-        for p in (image, stamp_of(image)):
-            st.files.remove(p)
-        return _refuse(rejected, e.key, "snapshot header disagrees with the manifest")
-    return True
 
 
 def _segment_ok(

@@ -2,11 +2,15 @@
 
 Rules, the local ones (:mod:`statelog.compaction.retention`) applied to the manifest:
 
-* keep the ``retain`` newest snapshots listed; older ones go;
-* keep every segment a replay from the oldest kept snapshot needs, and the
-  one that snapshot ends in: only segments whose SEAL is before the oldest
-  kept snapshot's LSN go. With no snapshot listed, no segment goes (the log
-  from LSN 1 is the only way back);
+* keep the ``retain`` newest restore points listed (snapshots whose whole
+  chain the manifest lists: :meth:`.plan.Planner.chain_of`) and every
+  snapshot of their chains, so no kept chain is ever left broken in the
+  bucket; every other snapshot goes (older ones, and any whose chain the
+  manifest already breaks);
+* keep every segment a replay from the oldest kept restore point needs, and
+  the one that snapshot ends in: only segments whose SEAL is before its LSN
+  go. With no restore point listed, nothing goes (the log from LSN 1 is
+  the only way back);
 * nothing a live remote pin names is deleted (:mod:`.pins`).
 
 Order of steps, each one safe to stop after:
@@ -32,8 +36,9 @@ import msgspec
 
 from statelog.errors import InvalidOptionError
 from statelog.remote.client import RemoteClient
-from statelog.remote.manifest import Manifest, commit
+from statelog.remote.manifest import Entry, Manifest, commit
 from statelog.remote.pins import ALL, live_pinned_keys
+from statelog.remote.plan import Planner
 
 __all__ = ["RemoteRetentionResult", "apply_remote_retention"]
 
@@ -48,13 +53,21 @@ class RemoteRetentionResult:
 
 
 def _doomed(m: Manifest, retain: int) -> list[str]:
-    snaps = m.snapshots
-    if not snaps:
+    """The keys the rules above drop from ``m``."""
+    planner = Planner(m)
+    points: list[tuple[Entry, ...]] = []
+    for snap in planner.snapshots:  # newest first
+        chain = planner.chain_of(snap)
+        if not isinstance(chain, str):
+            points.append(chain)
+        if len(points) == retain:
+            break
+    if not points:
         return []
-    kept, old = snaps[:retain], snaps[retain:]
-    oldest_lsn = kept[-1].last_lsn
+    keep = {e.key for chain in points for e in chain}
+    oldest_lsn = points[-1][-1].last_lsn
     segs = [e for e in m.segments if e.last_lsn < oldest_lsn]
-    return [e.key for e in old] + [e.key for e in segs]
+    return [e.key for e in planner.snapshots if e.key not in keep] + [e.key for e in segs]
 
 
 def apply_remote_retention(

@@ -9,7 +9,9 @@ One call (:func:`ship`), in this order:
    a stale generation is :class:`~statelog.errors.FencedError` before
    anything is uploaded;
 2. upload ``IDENTITY`` once, then each sealed segment in log order, then
-   each snapshot oldest first. Every file is verified whole before it is
+   each snapshot oldest first (so a delta's parent is listed no later than
+   the delta; its entry records the chain link: :class:`.manifest.Entry`).
+   Every file is verified whole before it is
    read for upload (the segment scan, the snapshot hash): damage is never
    shipped. Each upload is a create (If-None-Match) of a key under this
    generation, carrying the SHA-256 of its bytes as metadata; a key that
@@ -258,10 +260,13 @@ def _snapshots(
             continue  # retention removed it meanwhile
         # Immutable once named, so the bytes read now are the bytes just verified.
         data = path.read_bytes()
+        link = meta.delta  # a delta ships as it is; its entry names its parent for planning
         yield Entry(
             key=StoreKeys(sid).snapshot(gen, path.name), kind="snapshot", name=path.name,
             sha256=hashlib.sha256(data).hexdigest(), size=len(data), generation=gen,
-            last_lsn=meta.lsn, end_crc=meta.chain, epoch=meta.epoch,
+            last_lsn=meta.lsn, end_crc=meta.chain, epoch=meta.epoch, digest=meta.sha256,
+            parent=link.parent if link else "", depth=meta.depth,
+            parent_sha256=link.parent_sha256 if link else "",
         ), data  # fmt: skip
 
 
