@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,9 @@ import statelog
 from statelog.format.records import decode_value
 from statelog.kit import DURABLE, Crash, FaultyFiles, Stream, run_commit
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image import BaseLevel
-from statelog.storage.snapshots import SnapshotMeta, extract_snapshot
+from statelog.storage.image_cache import stamp_of
+from statelog.storage.levels import ImageSources, open_chain
+from statelog.storage.snapshots import SnapshotMeta, verify_snapshot
 
 STREAM = Stream(
     seed=20_261_129,
@@ -60,15 +62,28 @@ def model_at(epoch: int) -> dict[str, Any]:
 def snapshot_model(
     path: Path, scratch: Path, store_id: Any = None
 ) -> tuple[SnapshotMeta, dict[str, Any]]:
-    """Verify ``path`` while extracting it; return its meta and its content in model shape."""
+    """Verify ``path`` and its whole chain while extracting them; return its meta and the
+    state the chain restores, in model shape.
+
+    A delta snapshot holds only what its tail changed, so its state is read
+    through its chain (every link verified, as recovery reads it), never
+    from its own body alone.
+    """
     scratch.mkdir(parents=True, exist_ok=True)
-    dest = scratch / (path.name + ".mdb")
-    if dest.exists():
-        dest.unlink()
-    meta = extract_snapshot(FileLayer(), path, dest, store_id=store_id)
-    with BaseLevel(dest) as base:
+    sid: uuid.UUID = (
+        store_id
+        if store_id is not None
+        else verify_snapshot(FileLayer(), path, store_id=None).store_id
+    )
+    chain, base = open_chain(FileLayer(), path, sid, ImageSources(scratch))
+    try:
         tables = {t: {k: decode_value(v) for k, v in base.items(t)} for t in base.tables()}
-    dest.unlink()
+    finally:
+        base.close()
+        for image in chain.images:
+            for p in (image, stamp_of(image)):
+                p.unlink(missing_ok=True)
+    meta = chain.meta
     model = {
         "epoch": meta.epoch,
         "offsets": dict(meta.offsets),
