@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,9 @@ import statelog
 from statelog.format.records import decode_value
 from statelog.kit import DURABLE, Crash, FaultyFiles, Stream, run_commit
 from statelog.storage.fileio import FileLayer
+from statelog.storage.image_cache import stamp_of
 from statelog.storage.levels import ImageSources, open_chain
-from statelog.storage.snapshot_read import read_snapshot
-from statelog.storage.snapshots import SnapshotMeta
+from statelog.storage.snapshots import SnapshotMeta, verify_snapshot
 
 STREAM = Stream(
     seed=20_261_129,
@@ -62,19 +62,28 @@ def model_at(epoch: int) -> dict[str, Any]:
 def snapshot_model(
     path: Path, scratch: Path, store_id: Any = None
 ) -> tuple[SnapshotMeta, dict[str, Any]]:
-    """Verify ``path`` (and, for a delta, every link of its chain) while extracting it;
-    return its meta and its content in model shape."""
+    """Verify ``path`` and its whole chain while extracting them; return its meta and the
+    state the chain restores, in model shape.
+
+    A delta snapshot holds only what its tail changed, so its state is read
+    through its chain (every link verified, as recovery reads it), never
+    from its own body alone.
+    """
     scratch.mkdir(parents=True, exist_ok=True)
-    levels = scratch / f"{path.name}.levels"
-    shutil.rmtree(levels, ignore_errors=True)
-    sid = store_id if store_id is not None else read_snapshot(path, None, parse=False).store_id
-    chain, base = open_chain(FileLayer(), path, sid, ImageSources(levels))
-    meta = chain.meta
+    sid: uuid.UUID = (
+        store_id
+        if store_id is not None
+        else verify_snapshot(FileLayer(), path, store_id=None).store_id
+    )
+    chain, base = open_chain(FileLayer(), path, sid, ImageSources(scratch))
     try:
         tables = {t: {k: decode_value(v) for k, v in base.items(t)} for t in base.tables()}
     finally:
         base.close()
-        shutil.rmtree(levels, ignore_errors=True)
+        for image in chain.images:
+            for p in (image, stamp_of(image)):
+                p.unlink(missing_ok=True)
+    meta = chain.meta
     model = {
         "epoch": meta.epoch,
         "offsets": dict(meta.offsets),

@@ -17,13 +17,20 @@ are killed, one after another, at two kinds of moments:
 
 After every kill:
 
-* every ``*.snap`` in ``snapshots/`` verifies, and holds exactly the fold
-  of commits ``1..E`` for its epoch E (no partial snapshot is ever visible);
+* every ``*.snap`` in ``snapshots/`` verifies, and its chain (itself, for a
+  full snapshot; its parents back to a full one, for a delta) restores
+  exactly the fold of commits ``1..E`` for its epoch E (no partial snapshot
+  is ever visible, no delta ever loses its parent);
 * nothing else is taken for a snapshot (``*.tmp`` files are ignored);
 * the writer keeps acknowledging epochs (it never errs or stalls).
 
+The daemons' default chain policy writes both kinds of pass here: deltas
+while the tail is small beside the full snapshot, full merges otherwise;
+the test requires that at least one of each was written while daemons died.
 At the end the writer stops cleanly, one ``--once`` pass folds the whole log,
-and the leftovers of the dead daemons (scratch directory, ``*.tmp``) are gone.
+the leftovers of the dead daemons (scratch directory, ``*.tmp``) are gone,
+and what is left is the two newest restore points with their chains and
+the log from the older one.
 No store is reopened after retention deleted segments.
 """
 
@@ -114,6 +121,7 @@ class Checker:
     def __init__(self, store: Path, scratch: Path) -> None:
         self.store, self.scratch = store, scratch
         self.seen: set[tuple[str, int]] = set()
+        self.kinds: Counter[str] = Counter()  # snapshots checked, by kind
         self.model = Model()
 
     def model_at(self, epoch: int) -> dict[str, object]:
@@ -135,6 +143,7 @@ class Checker:
             meta, got = snapshot_model(path, self.scratch)
             assert got == self.model_at(meta.epoch), f"{why}: {path.name} is not the fold"
             self.seen.add(key)
+            self.kinds["delta" if meta.delta is not None else "full"] += 1
             fresh += 1
         return fresh
 
@@ -190,12 +199,27 @@ def kill_loop(tmp_path: Path, rounds: int, seed: int) -> Counter[str]:
     checker.check("final pass")
     assert not (store / SCRATCH_DIR).exists()
     assert not list((store / "snapshots").glob("*.tmp"))
-    # Disk stays bounded: two snapshots and the log after the older one.
-    assert len(list_snapshots(store / "snapshots")) == 2
+    assert_bounded(store)
+    outcomes.update({f"written:{k}": n for k, n in checker.kinds.items()})
+    return outcomes
+
+
+def assert_bounded(store: Path) -> None:
+    """Disk stays bounded: the two newest restore points and their chains, and the log
+    from the older of the two (every snapshot here verifies, so both are restore points)."""
+    listed = list_snapshots(store / "snapshots")
+    metas = {p.name: verify_snapshot(FileLayer(), p, store_id=None) for _, _, p in listed}
+    needed: set[str] = set()
+    for _, _, path in listed[:2]:
+        name: str | None = path.name
+        while name is not None:
+            needed.add(name)
+            link = metas[name].delta
+            name = link.parent if link is not None else None
+    assert set(metas) == needed  # every parent present, nothing else left
     segs = sorted((store / "wal").glob("*.wal"))
     first = int(segs[0].name.split("-")[1].split(".")[0], 16)
-    assert first == list_snapshots(store / "snapshots")[-1][1] + 1 or len(segs) == 1
-    return outcomes
+    assert first == listed[1][1] + 1 or len(segs) == 1
 
 
 def test_sigkill_daemon_during_compaction(tmp_path: Path) -> None:
@@ -204,6 +228,8 @@ def test_sigkill_daemon_during_compaction(tmp_path: Path) -> None:
     print(dict(outcomes))
     assert outcomes["timed"] + outcomes["step"] == 40
     assert outcomes["snapshots_checked"] >= 10, outcomes
+    # Both kinds of pass were killed around: deltas on a chain, and full merges.
+    assert outcomes["written:delta"] >= 1 and outcomes["written:full"] >= 1, outcomes
 
 
 @pytest.mark.stress
