@@ -89,7 +89,7 @@ def compact(
         that would pass it writes a full snapshot (0: every pass does).
     :param full_ratio: a pass writes a full snapshot once the chain's delta
         bytes, its own tail included, would exceed this fraction of the full
-        snapshot's body (``docs/architecture.md``, "Delta snapshots").
+        snapshot's body (``docs/architecture.md``, "Delta passes and full merges").
     :param lock: the caller's lock on this store (the daemon holds one for
         its whole life); None: take it for this pass.
     :param stop: polled between steps; when it returns True the pass is
