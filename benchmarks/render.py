@@ -331,7 +331,9 @@ def render(doc: Doc, out_dir: Path, kept: str = "") -> str:
         at = datetime.fromisoformat(extra["started"]).strftime("%Y-%m-%d %H:%M UTC")
         out[-1] += (
             f" Cells of `--bench-size {extra['size']}` come from `{extra['command']}`, run on "
-            f"{at} in {extra['seconds']:.0f} s on the same machine."
+            f"{at} in {extra['seconds']:.0f} s on the same machine (1-minute load average "
+            f"{extra['before']['loadavg'][0]:.2f} at its start, "
+            f"{extra['after']['loadavg'][0]:.2f} at its end)."
         )
     for section in (targets_section, tradeoff_section, commit_section, restart_section):
         out += section(doc)
@@ -353,7 +355,12 @@ def render(doc: Doc, out_dir: Path, kept: str = "") -> str:
         "## Reproduce",
         "```\nmake bench-quick   # make bench: the full sizes\n"
         "python -m pytest benchmarks/ --bench-size quick --benchmark-json=.benchmarks/quick.json\n"
-        "python -m benchmarks.render .benchmarks/quick.json --out docs/benchmarks.md\n```",
+        "python -m benchmarks.render .benchmarks/quick.json --out docs/benchmarks.md\n"
+        "# one suite at the full sizes, its cells added to the report:\n"
+        "python -m pytest benchmarks/bench_pass_scale.py --bench-size full "
+        "--benchmark-json=.benchmarks/pass-full.json\n"
+        "python -m benchmarks.render .benchmarks/quick.json .benchmarks/pass-full.json "
+        "--out docs/benchmarks.md\n```",
     ]
     if kept and run["size"] != "full":
         out.append(kept.strip())

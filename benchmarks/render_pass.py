@@ -37,11 +37,9 @@ def pass_section(doc: Doc) -> list[str]:
         )
     out = [
         "## What one compaction pass costs against the state's size",
-        "",
         "Each round: a clone of a store of that many keys with one full snapshot, the "
         "same-sized tail of random updates committed in 10 checkpoints, then one pass; "
         "3 rounds per cell (medians; CPU s is `time.process_time`).",
-        "",
         table(
             "keys | pass | tail updates | median s | range s | CPU s | snapshot written | "
             "log folded | bytes read",
@@ -62,7 +60,7 @@ def pass_section(doc: Doc) -> list[str]:
                 f"- {KINDS[kind]}: {size_id(hi)} keys against {size_id(lo)} keys: "
                 f"{t:.2f}x the time, {w:.2f}x the bytes written."
             )
-        out += ["", *lines]
+        out += ["\n".join(lines)]
     return out
 
 
@@ -88,13 +86,11 @@ def sustained_section(doc: Doc) -> list[str]:
         )
     return [
         "## Sustained checkpoints with the compactor running",
-        "",
         "A clone of a compacted store of that many keys; checkpoints of 10,000 random "
         'updates (`durability="commit"`) back to back for the time shown, the compactor a '
         "child process (8 MiB segments, an 8 MiB tail trigger, a pass every second). Bytes "
         "are `/proc/<pid>/io` `write_bytes`: the writer's are the log's, the compactor's "
         "are its snapshots, images and scratch.",
-        "",
         table(
             "keys | s | checkpoints | updates/s (wall) | updates/s (writer CPU) | "
             "log bytes / checkpoint | compactor bytes / checkpoint | all / log | "
@@ -102,9 +98,7 @@ def sustained_section(doc: Doc) -> list[str]:
             rows,
             "rrrrrrrrrr",
         ),
-        "",
         "The writer's RssAnon: after the open, the largest sample from the first minute on, "
         "and at the end of the run.",
-        "",
         table("keys | RssAnon at open | largest after 60 s | at the end", mem, "rrrr"),
     ]
