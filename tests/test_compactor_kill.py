@@ -4,7 +4,7 @@ A writer subprocess (``tests/compactor_stream.py writer``) commits the
 kit's seeded stream with per-commit durability and small segments, so the
 log rolls every few dozen commits; it prints ``ack i`` after each commit.
 Meanwhile compactor daemons (real ``python -m compactor`` processes,
-passing every few milliseconds with no tail trigger and ``--retain 2``)
+passing every few milliseconds with no tail trigger, ``--retain 2`` and chains of at most two deltas)
 are killed, one after another, at two kinds of moments:
 
 ``timed``  SIGKILL from outside a random 0-300 ms after the daemon logged
@@ -56,7 +56,10 @@ from tests.compactor_stream import STREAM, snapshot_model
 from tests.test_compactor import PY, REPO, run_cli, wait_for
 
 SCRIPT = Path(__file__).with_name("compactor_stream.py")
+# A full merge every third snapshot (chains of at most 2 deltas), never one forced by the
+# deltas' size: the daemons killed write both kinds of pass, whatever the tails weigh.
 DAEMON_ARGS = ["--interval", "0.005", "--min-tail-bytes", "0", "--retain", "2", "-v"]
+DAEMON_ARGS += ["--max-chain", "2", "--full-ratio", "10"]
 
 
 class Writer:
