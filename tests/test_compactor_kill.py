@@ -4,8 +4,8 @@ A writer subprocess (``tests/compactor_stream.py writer``) commits the
 kit's seeded stream with per-commit durability and small segments, so the
 log rolls every few dozen commits; it prints ``ack i`` after each commit.
 Meanwhile compactor daemons (real ``python -m compactor`` processes,
-passing every few milliseconds with no tail trigger, ``--retain 2`` and chains of at most two deltas)
-are killed, one after another, at two kinds of moments:
+passing every few milliseconds with no tail trigger, ``--retain 2`` and
+chains of at most two deltas) are killed, one after another, at two kinds of moments:
 
 ``timed``  SIGKILL from outside a random 0-300 ms after the daemon logged
            ``event=started``: anywhere in a fold, a snapshot write, retention,
