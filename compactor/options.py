@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from statelog.cli.output import full_ratio_arg, max_chain_arg
+from statelog.cli.output import add_chain_options
 from statelog.errors import StatelogError
 from statelog.remote import RemoteClient
 
@@ -91,26 +91,6 @@ def _port(text: str) -> int:
     return port
 
 
-def _add_chain_options(p: argparse.ArgumentParser) -> None:
-    """``--max-chain`` and ``--full-ratio``: when a pass writes a full snapshot, not a delta."""
-    p.add_argument(
-        "--max-chain",
-        type=max_chain_arg,
-        default=8,
-        metavar="N",
-        help="the most delta snapshots above a full one, 0-64 (default 8; 0: every pass "
-        "writes a full snapshot)",
-    )
-    p.add_argument(
-        "--full-ratio",
-        type=full_ratio_arg,
-        default=0.5,
-        metavar="F",
-        help="write a full snapshot once the chain's deltas would exceed F times the full "
-        "snapshot's body, 0 < F <= 10 (default 0.5)",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``statelog-compactor``."""
     p = argparse.ArgumentParser(
@@ -148,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--retain", type=_bounded(1, int), default=3, help="verified snapshots to keep (3)"
     )
     p.add_argument("--level", type=_bounded(1, int), default=3, help="zstd level, 1-22 (3)")
-    _add_chain_options(p)
+    add_chain_options(p)
     p.add_argument(
         "--once",
         action="store_true",

@@ -21,9 +21,8 @@ from statelog.cli.output import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_UNRECOVERABLE,
+    add_chain_options,
     fmt_bytes,
-    full_ratio_arg,
-    max_chain_arg,
     print_json,
     progress,
     size_arg,
@@ -77,21 +76,7 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--retain", type=_at_least(1), default=3, help="verified snapshots to keep (3)")
     p.add_argument("--level", type=_at_least(1), default=3, help="zstd level, 1-22 (3)")
-    p.add_argument(
-        "--max-chain",
-        type=max_chain_arg,
-        default=8,
-        metavar="N",
-        help="the most delta snapshots above a full one, 0-64 (default 8; 0: write a full one)",
-    )
-    p.add_argument(
-        "--full-ratio",
-        type=full_ratio_arg,
-        default=0.5,
-        metavar="F",
-        help="write a full snapshot once the chain's deltas would exceed F times the full "
-        "snapshot's body, 0 < F <= 10 (default 0.5)",
-    )
+    add_chain_options(p)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
 

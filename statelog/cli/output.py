@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
+from statelog.compaction.delta import MAX_CHAIN_LIMIT, MAX_FULL_RATIO, ChainPolicy
 from statelog.errors import (
     AuditError,
     CompactorLockedError,
@@ -40,6 +41,7 @@ __all__ = [
     "EXIT_USAGE",
     "CliParser",
     "ProgressFn",
+    "add_chain_options",
     "exit_code_for",
     "fmt_age",
     "fmt_bytes",
@@ -106,10 +108,10 @@ def max_chain_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"not an integer: {text!r} (hint: 0 to 64 deltas; 0: every pass writes a full one)"
         ) from None
-    if not 0 <= v <= 64:
+    if not 0 <= v <= MAX_CHAIN_LIMIT:
         raise argparse.ArgumentTypeError(
-            f"{text} is outside 0..64 (hint: at most 64 deltas above a full snapshot; "
-            "0: every pass writes a full one)"
+            f"{text} is outside 0..{MAX_CHAIN_LIMIT} (hint: at most {MAX_CHAIN_LIMIT} deltas "
+            "above a full snapshot; 0: every pass writes a full one)"
         )
     return v
 
@@ -126,11 +128,32 @@ def full_ratio_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"not a number: {text!r} (hint: a fraction of the full snapshot, such as 0.5)"
         ) from None
-    if not 0.0 < v <= 10.0:  # NaN fails this too
+    if not 0.0 < v <= MAX_FULL_RATIO:  # NaN fails this too
         raise argparse.ArgumentTypeError(
-            f"{text} is outside (0, 10] (hint: a fraction of the full snapshot, such as 0.5)"
+            f"{text} is outside (0, {MAX_FULL_RATIO:g}] (hint: a fraction of the full "
+            "snapshot, such as 0.5)"
         )
     return v
+
+
+def add_chain_options(p: argparse.ArgumentParser) -> None:
+    """``--max-chain`` and ``--full-ratio``, for every command that runs compaction passes."""
+    p.add_argument(
+        "--max-chain",
+        type=max_chain_arg,
+        default=ChainPolicy.max_chain,
+        metavar="N",
+        help=f"the most delta snapshots above a full one, 0-{MAX_CHAIN_LIMIT} (default "
+        f"{ChainPolicy.max_chain}; 0: every pass writes a full snapshot)",
+    )
+    p.add_argument(
+        "--full-ratio",
+        type=full_ratio_arg,
+        default=ChainPolicy.full_ratio,
+        metavar="F",
+        help="write a full snapshot once the chain's deltas would exceed F times the full "
+        f"snapshot's body, 0 < F <= {MAX_FULL_RATIO:g} (default {ChainPolicy.full_ratio:g})",
+    )
 
 
 def exit_code_for(exc: BaseException) -> int:

@@ -28,6 +28,7 @@ from pathlib import Path
 import msgspec
 
 from statelog.compaction.replay import Folding
+from statelog.errors import InvalidOptionError
 from statelog.format.snapshot import DeltaDoc
 from statelog.format.stream import TableChunk
 from statelog.storage.builder import ImageBuilder
@@ -37,8 +38,21 @@ from statelog.storage.levels import Chain
 from statelog.storage.snapshot_body import TOMBSTONE, StreamBuild, stream_delta
 from statelog.storage.snapshots import SnapshotMeta
 
-__all__ = ["ChainPolicy", "Changes", "DeltaPlan", "delta_meta", "merge_chain", "plan_delta"]
+__all__ = [
+    "MAX_CHAIN_LIMIT",
+    "MAX_FULL_RATIO",
+    "ChainPolicy",
+    "Changes",
+    "DeltaPlan",
+    "delta_meta",
+    "merge_chain",
+    "plan_delta",
+]
 
+MAX_CHAIN_LIMIT = 64
+"""The largest ``max_chain`` a store accepts (readers follow longer chains: ``MAX_DEPTH``)."""
+MAX_FULL_RATIO = 10.0
+"""The largest ``full_ratio`` a store accepts."""
 _BATCH = 65536  # entries of a delta image applied per write transaction in a merge
 
 
@@ -55,6 +69,37 @@ class ChainPolicy:
 
     max_chain: int = 8
     full_ratio: float = 0.5
+
+    @classmethod
+    def checked(cls, max_chain: object, full_ratio: object) -> ChainPolicy:
+        """The policy of these settings, validated: the one check every caller runs
+        (``compact()``, the store's settings, before any file is touched).
+
+        :raises InvalidOptionError: ``max_chain`` not an int from 0 to
+            :data:`MAX_CHAIN_LIMIT`, or ``full_ratio`` not a number above 0 and at
+            most :data:`MAX_FULL_RATIO`.
+        """
+        if (
+            not isinstance(max_chain, int)
+            or isinstance(max_chain, bool)
+            or not 0 <= max_chain <= MAX_CHAIN_LIMIT
+        ):
+            raise InvalidOptionError(
+                f"max_chain={max_chain!r}",
+                hint=f"an int from 0 to {MAX_CHAIN_LIMIT}: the most deltas above a full "
+                "snapshot (0: every pass writes a full snapshot)",
+            )
+        if (
+            not isinstance(full_ratio, int | float)
+            or isinstance(full_ratio, bool)
+            or not 0.0 < float(full_ratio) <= MAX_FULL_RATIO
+        ):
+            raise InvalidOptionError(
+                f"full_ratio={full_ratio!r}",
+                hint=f"a number above 0 and at most {MAX_FULL_RATIO:g}, such as 0.5: the "
+                "share of the full snapshot's body the chain's deltas may reach",
+            )
+        return cls(max_chain, float(full_ratio))
 
     def wants_full(self, parent: SnapshotMeta, tail_bytes: int, *, portable: bool) -> bool:
         """Whether a pass on ``parent`` with a tail of ``tail_bytes`` log bytes merges.

@@ -106,7 +106,7 @@ def compact(
     :raises OSError: a read, write or sync failed; no partial snapshot is visible.
     """
     _check_options(min_tail_bytes, min_tail_records, retain, level)
-    policy = _policy(max_chain, full_ratio)
+    policy = ChainPolicy.checked(max_chain, full_ratio)
     started = time.perf_counter()
     root = Path(store)
     files = files or FileLayer()
@@ -216,17 +216,6 @@ def _check_options(min_bytes: int, min_records: int, retain: int, level: int) ->
     ):
         if not isinstance(v, int) or isinstance(v, bool) or v < low or (name == "level" and v > 22):
             raise InvalidOptionError(f"{name}={v!r}", hint=f"an integer >= {low}")
-
-
-def _policy(max_chain: int, full_ratio: float) -> ChainPolicy:
-    if not isinstance(max_chain, int) or isinstance(max_chain, bool) or not 0 <= max_chain <= 64:
-        raise InvalidOptionError(f"max_chain={max_chain!r}", hint="an integer from 0 to 64")
-    ok = isinstance(full_ratio, int | float) and not isinstance(full_ratio, bool)
-    if not ok or not 0.0 < float(full_ratio) <= 10.0:
-        raise InvalidOptionError(
-            f"full_ratio={full_ratio!r}", hint="a number above 0 and at most 10, such as 0.5"
-        )
-    return ChainPolicy(max_chain, float(full_ratio))
 
 
 def _clear_scratch(p: Pass) -> None:

@@ -19,6 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
+from statelog.compaction.delta import ChainPolicy
 from statelog.errors import InvalidOptionError
 from statelog.storage.fileio import FileLayer
 
@@ -220,28 +221,12 @@ def check_compactor_options(
 
 
 def check_chain_options(max_chain: object, full_ratio: object) -> None:
-    """Validate the in-process compactor's chain limits.
+    """Validate the in-process compactor's chain limits when the store opens, before any
+    file is touched rather than at the first pass: :meth:`ChainPolicy.checked`.
 
-    The ranges are those of ``statelog.compaction.fold.compact``, checked
-    here too so that a bad value fails the open before any file is touched,
-    not the first pass minutes later.
-
-    :raises InvalidOptionError: ``max_chain`` not an int from 0 to 64, or
-        ``full_ratio`` not a number above 0 and at most 10.
+    :raises InvalidOptionError: as :meth:`~statelog.compaction.delta.ChainPolicy.checked`.
     """
-    if not isinstance(max_chain, int) or isinstance(max_chain, bool) or not 0 <= max_chain <= 64:
-        raise InvalidOptionError(
-            f"max_chain={max_chain!r}",
-            hint="an int from 0 to 64: the most deltas above a full snapshot "
-            "(0: every pass writes a full snapshot)",
-        )
-    number = isinstance(full_ratio, int | float) and not isinstance(full_ratio, bool)
-    if not number or not 0.0 < float(full_ratio) <= 10.0:  # type: ignore[arg-type]
-        raise InvalidOptionError(
-            f"full_ratio={full_ratio!r}",
-            hint="a number above 0 and at most 10, such as 0.5: the share of the full "
-            "snapshot's body the chain's deltas may reach",
-        )
+    ChainPolicy.checked(max_chain, full_ratio)
 
 
 def check_store_path(path: Any) -> Path:
