@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import threading
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import pytest
@@ -13,7 +14,14 @@ from statelog.errors import CorruptionError, StoreClosedError
 from statelog.format.records import encode_value
 from statelog.state.live import Key, LiveState
 from statelog.storage.builder import ImageBuilder
-from statelog.storage.image import Base, BaseLevel, EmptyBase, decode_key, encode_key
+from statelog.storage.image import (
+    Base,
+    BaseLevel,
+    EmptyBase,
+    decode_key,
+    encode_key,
+    encode_keys,
+)
 
 KEYS: list[Key] = [b"", b"\x00", b"\xff", b"a", b"ab", "", "a", "ab", "b", "\x7f", "é", "€", "𝄞"]
 
@@ -56,6 +64,23 @@ def test_key_encoding_round_trips_and_keeps_str_and_bytes_apart() -> None:
         decode_key(b"\x02k")
     with pytest.raises(TypeError):
         encode_key(1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [[], ["a", "é", ""], [b"a", b"\x00", b""], ["a", b"a", "b"], list(KEYS)],
+    ids=["none", "str", "bytes", "mixed", "every-test-key"],
+)
+def test_batch_key_encoding_equals_one_at_a_time(keys: list[Any]) -> None:
+    assert encode_keys(keys) == [encode_key(k) for k in keys]
+
+
+@pytest.mark.parametrize(
+    "keys", [["a", 1], [1], [b"a", None]], ids=["str-int", "int", "bytes-none"]
+)
+def test_batch_key_encoding_refuses_other_types(keys: list[Any]) -> None:
+    with pytest.raises(TypeError):
+        encode_keys(keys)
 
 
 def test_encoded_order_is_the_overlay_order() -> None:

@@ -486,3 +486,38 @@ def test_stream_build_refuses_an_existing_path(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError):
         StreamBuild(tmp_path / "taken.mdb", tables=1, size_hint=0)
     assert (tmp_path / "taken.mdb").read_bytes() == b""
+
+
+APPEND_REFUSALS = [
+    ("a key repeated", [(b"\x01a", b"\x01"), (b"\x01a", b"\x02")], {"t": {"a": 1}}),
+    ("keys out of order", [(b"\x01b", b"\x01"), (b"\x01a", b"\x02")], {"t": {"b": 1}}),
+]
+
+
+@pytest.mark.parametrize(
+    ("items", "kept"), [r[1:] for r in APPEND_REFUSALS], ids=[r[0] for r in APPEND_REFUSALS]
+)
+def test_append_sorted_refuses_keys_out_of_order(
+    tmp_path: Path, items: list[tuple[bytes, bytes]], kept: dict[str, Any]
+) -> None:
+    path = tmp_path / "built.mdb"
+    build = StreamBuild(path, tables=1, size_hint=0)
+    try:
+        with pytest.raises(StreamError, match="out of order"):
+            build.append_sorted("t", iter(items))
+    finally:
+        build.close()
+    with BaseLevel(path) as base:  # the refused append left its transaction unwritten
+        assert {n: dict(base.items(n)) for n in base.tables()} == {n: {} for n in kept}
+
+
+def test_append_sorted_grows_the_map(tmp_path: Path) -> None:
+    path = tmp_path / "built.mdb"
+    items = [(b"\x01k%07d" % i, b"\xc4\x00" + bytes(200)) for i in range(120_000)]
+    build = StreamBuild(path, tables=1, size_hint=0)  # 16 MiB: far below what this needs
+    try:
+        build.append_sorted("t", items)
+    finally:
+        build.close()
+    with BaseLevel(path) as base:
+        assert base.count("t") == len(items)

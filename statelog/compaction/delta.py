@@ -20,19 +20,17 @@ restart reads at most ``max_chain`` deltas besides the full snapshot.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
-
 from statelog.compaction.replay import Folding
 from statelog.errors import InvalidOptionError
 from statelog.format.snapshot import DeltaDoc
-from statelog.format.stream import TableChunk
 from statelog.storage.builder import ImageBuilder
-from statelog.storage.image import Delta, encode_key
+from statelog.storage.image import Delta, encode_keys
 from statelog.storage.layered import LayeredBase
 from statelog.storage.levels import Chain
 from statelog.storage.snapshot_body import TOMBSTONE, StreamBuild, stream_delta
@@ -126,40 +124,44 @@ class Changes:
         """Apply deltas in order, each its deletes before its puts (as a commit does)."""
         for table, keys, values, deletes in deltas:
             entries = self.tables.setdefault(table, {})
-            for k in deletes:
-                entries[encode_key(k)] = None
-            entries.update(zip(map(encode_key, keys), values, strict=True))
+            if deletes:
+                entries.update(dict.fromkeys(encode_keys(deletes)))
+            entries.update(zip(encode_keys(keys), values, strict=True))
 
 
 @dataclass
 class DeltaPlan:
-    """A delta ready to write: its tables' deletes and puts, and the state's counts after it."""
+    """A delta ready to write: its tables' deletes and puts, and the state's counts after it.
+
+    ``size`` is the bytes of its keys and values (what its image holds,
+    before LMDB's own overhead).
+    """
 
     tables: list[tuple[str, list[bytes], list[tuple[bytes, bytes]]]]
     counts: dict[str, int]
+    size: int = 0
 
     def stream(self, write: Callable[[bytes], object]) -> tuple[int, dict[str, int]]:
         """Write the delta's record stream through ``write``; its size and counts."""
         return stream_delta(self.tables, write)
 
     def build_image(self, path: Path) -> None:
-        """The delta's image at ``path``: its puts, and :data:`TOMBSTONE` for its deletes."""
-        build = StreamBuild(
-            path, tables=len(self.tables), size_hint=_plan_bytes(self.tables), delta=True
-        )
+        """The delta's image at ``path``: its puts, and :data:`TOMBSTONE` for its deletes,
+        each table in key order in one append (so its pages are filled)."""
+        build = StreamBuild(path, tables=len(self.tables), size_hint=self.size)
         try:
             for table, deletes, puts in self.tables:
                 if deletes:
-                    build.add(TableChunk(table, deletes, [], deleted=True))
-                if puts:
-                    raws = [msgspec.Raw(v) for _k, v in puts]
-                    build.add(TableChunk(table, [k for k, _v in puts], raws))
+                    dead = ((k, TOMBSTONE) for k in deletes)
+                    build.append_sorted(table, heapq.merge(dead, puts, key=_first))
+                elif puts:
+                    build.append_sorted(table, puts)
         finally:
             build.close()
 
 
-def _plan_bytes(tables: list[tuple[str, list[bytes], list[tuple[bytes, bytes]]]]) -> int:
-    return sum(sum(map(len, d)) + sum(len(k) + len(v) for k, v in p) for _t, d, p in tables)
+def _first(entry: tuple[bytes, bytes]) -> bytes:
+    return entry[0]
 
 
 def plan_delta(base: LayeredBase, parent: SnapshotMeta, changes: Changes) -> DeltaPlan:
@@ -171,24 +173,28 @@ def plan_delta(base: LayeredBase, parent: SnapshotMeta, changes: Changes) -> Del
     """
     counts = dict(parent.tables)
     tables = []
+    size = 0
     for table in sorted(changes.tables, key=lambda t: t.encode("utf-8")):
         entries = changes.tables[table]
         ekeys = sorted(entries)
         before = base.get_many(table, ekeys)
+        news = list(map(entries.__getitem__, ekeys))
         deletes: list[bytes] = []
-        puts: list[tuple[bytes, bytes]] = []
-        added = 0
-        for k, old in zip(ekeys, before, strict=True):
-            new = entries[k]
-            if new is None:
-                if old is not None:
-                    deletes.append(k)
-            else:
-                puts.append((k, new))
-                added += old is None
+        if None in news:  # some keys deleted: a delete of a key the state lacks is left out
+            deletes = [
+                k
+                for k, n, o in zip(ekeys, news, before, strict=True)
+                if n is None and o is not None
+            ]
+            puts = [(k, n) for k, n in zip(ekeys, news, strict=True) if n is not None]
+            added = sum(1 for n, o in zip(news, before, strict=True) if n is not None and o is None)
+        else:
+            puts = list(zip(ekeys, news, strict=True))  # type: ignore[arg-type]
+            added = before.count(None)
+        size += sum(map(len, ekeys)) + sum(map(len, filter(None, news)))
         counts[table] = counts.get(table, 0) + added - len(deletes)
         tables.append((table, deletes, puts))
-    return DeltaPlan(tables, {t: n for t, n in counts.items() if n > 0})
+    return DeltaPlan(tables, {t: n for t, n in counts.items() if n > 0}, size)
 
 
 def delta_meta(chain: Chain, fold: Folding, plan: DeltaPlan) -> SnapshotMeta:

@@ -16,7 +16,7 @@ import lmdb
 
 from statelog.errors import StoreClosedError
 from statelog.format.records import Key
-from statelog.storage.image import Delta, encode_key
+from statelog.storage.image import Delta, encode_keys
 
 __all__ = ["ImageBuilder"]
 
@@ -116,10 +116,7 @@ class ImageBuilder:
         :raises ValueError: a delta has more keys than values or fewer.
         :raises lmdb.Error: LMDB refused (disk full, key over 511 bytes, ...).
         """
-        batch = [
-            (t, [encode_key(k) for k in ks], list(vs), [encode_key(k) for k in ds])
-            for t, ks, vs, ds in deltas
-        ]
+        batch = [(t, encode_keys(ks), list(vs), encode_keys(ds)) for t, ks, vs, ds in deltas]
         for t, ks, vs, _ in batch:
             if len(ks) != len(vs):
                 raise ValueError(f"table {t!r}: {len(ks)} keys but {len(vs)} values")

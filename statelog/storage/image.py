@@ -37,7 +37,7 @@ import lmdb
 from statelog.errors import CorruptionError, StoreClosedError
 from statelog.format.records import Key
 
-__all__ = ["Base", "BaseLevel", "Delta", "EmptyBase", "decode_key", "encode_key"]
+__all__ = ["Base", "BaseLevel", "Delta", "EmptyBase", "decode_key", "encode_key", "encode_keys"]
 
 _CHUNK = 1024  # items fetched per read transaction while iterating
 # Read-only image: no lock file or reader table (nothing writes it); no readahead (random reads).
@@ -59,6 +59,26 @@ def encode_key(key: Key) -> bytes:
     if isinstance(key, str):
         return b"\x01" + key.encode("utf-8")
     raise TypeError(f"keys are str or bytes, not {type(key).__name__}")
+
+
+_STR_TAG = b"\x01".__add__
+_BYTES_TAG = b"\x00".__add__
+
+
+def encode_keys(keys: Sequence[Key]) -> list[bytes]:
+    """:func:`encode_key` of each of ``keys``, in order.
+
+    A batch of one key type is encoded by C-level maps, without a Python
+    call per key: the compactor encodes every key of every record it folds.
+
+    :raises TypeError: a key is neither str nor bytes.
+    """
+    kinds = set(map(type, keys))
+    if kinds == {str}:
+        return list(map(_STR_TAG, map(str.encode, keys)))  # type: ignore[arg-type]
+    if kinds == {bytes}:
+        return list(map(_BYTES_TAG, keys))  # type: ignore[arg-type]
+    return [encode_key(k) for k in keys]
 
 
 def decode_key(data: bytes) -> Key:

@@ -148,18 +148,22 @@ class StreamBuild:
         self._dbs: dict[str, lmdb._Database] = {}
         self._delta = delta
 
+    def _db(self, table: str) -> lmdb._Database:
+        db = self._dbs.get(table)
+        if db is None:
+            if len(self._dbs) >= self._max_tables:
+                raise StreamError(0, f"more tables than the {self._max_tables} the meta lists")
+            db = self._env.open_db(table.encode("utf-8"), create=True)
+            self._dbs[table] = db
+        return db
+
     def add(self, chunk: TableChunk) -> None:
         """Append ``chunk``'s keys to its table.
 
         :raises StreamError: more tables than declared, or keys out of order.
         :raises lmdb.Error: LMDB refused (the disk is full, say).
         """
-        db = self._dbs.get(chunk.table)
-        if db is None:
-            if len(self._dbs) >= self._max_tables:
-                raise StreamError(0, f"more tables than the {self._max_tables} the meta lists")
-            db = self._env.open_db(chunk.table.encode("utf-8"), create=True)
-            self._dbs[chunk.table] = db
+        db = self._db(chunk.table)
         values: list[bytes] | list[msgspec.Raw] = chunk.values
         if chunk.deleted:
             values = [TOMBSTONE] * len(chunk.keys)
@@ -174,6 +178,26 @@ class StreamBuild:
                     )
                     if added != len(chunk.keys):
                         raise StreamError(0, f"table {chunk.table!r}: keys out of order")
+                return
+            except lmdb.MapFullError:
+                self._map *= 2
+                self._env.set_mapsize(self._map)
+
+    def append_sorted(self, table: str, items: Iterable[tuple[bytes, bytes]]) -> None:
+        """Append ``items`` (encoded key, value), in strictly increasing key order, to
+        ``table`` in one write transaction (a delta's puts and tombstones merged).
+
+        :raises StreamError: more tables than declared, or keys out of order.
+        :raises lmdb.Error: LMDB refused (the disk is full, say).
+        """
+        pairs = items if isinstance(items, list) else list(items)
+        db = self._db(table)
+        while True:
+            try:
+                with self._env.begin(write=True, db=db) as txn, txn.cursor() as cur:
+                    _consumed, added = cur.putmulti(pairs, dupdata=False, append=True)
+                    if added != len(pairs):
+                        raise StreamError(0, f"table {table!r}: keys out of order")
                 return
             except lmdb.MapFullError:
                 self._map *= 2
