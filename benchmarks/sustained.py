@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import statelog
+from statelog.ops import metrics
 from statelog.storage.fileio import FileLayer
 from statelog.storage.snapshots import list_snapshots, verify_snapshot
 
@@ -46,11 +47,21 @@ def _sample(t0: float, s: statelog.StateStore, writer0: int, family0: int) -> di
     }
 
 
-def sustain(store: Path, keys: int, seconds: float, updates: int, sample: float) -> dict[str, Any]:
+def _stalled(store: Path) -> float:
+    """Seconds this process's commits to ``store`` waited for the compactor (its metrics)."""
+    return float(metrics.REGISTRY.get_sample_value(
+        "statelog_write_stall_seconds_total", {"store": metrics.store_label(store)}
+    ) or 0.0)  # fmt: skip
+
+
+def sustain(
+    store: Path, keys: int, seconds: float, updates: int, sample: float, overlay: int | None
+) -> dict[str, Any]:
     """Run the load (module docstring); what it measured."""
     s = statelog.open(
         store, durability="commit", compactor="process", segment_bytes=8 << 20,
         min_tail_bytes=8 << 20, compactor_interval=timedelta(seconds=1),
+        max_overlay_bytes=overlay, overlay_wait=timedelta(minutes=10),
     )  # fmt: skip
     gc.collect()
     workload = Workload(keys, updates, seed=DEFAULT_SEED + 1)
@@ -77,6 +88,7 @@ def sustain(store: Path, keys: int, seconds: float, updates: int, sample: float)
         "updates": n * workload.updates, "epochs": last["epoch"] - epoch0,
         "writer_bytes": last["writer_bytes"], "compactor_bytes": last["compactor_bytes"],
         "samples": samples, "snapshots": len(snaps), "newest_depth": newest.depth,
+        "max_overlay_bytes": overlay, "stall_seconds": _stalled(store),
     }  # fmt: skip
 
 
@@ -87,8 +99,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--seconds", type=float, required=True)
     ap.add_argument("--updates", type=int, default=10_000, help="updates per checkpoint")
     ap.add_argument("--sample", type=float, default=5.0, help="seconds between samples")
+    ap.add_argument(
+        "--max-overlay-mib", type=int, default=None, help="the writer's max_overlay_bytes, in MiB"
+    )
     a = ap.parse_args(argv)
-    _emit(sustain(a.store, a.keys, a.seconds, min(a.updates, a.keys), a.sample))
+    overlay = None if a.max_overlay_mib is None else a.max_overlay_mib << 20
+    _emit(sustain(a.store, a.keys, a.seconds, min(a.updates, a.keys), a.sample, overlay))
 
 
 if __name__ == "__main__":

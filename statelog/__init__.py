@@ -37,6 +37,7 @@ from statelog.errors import (
     StoreClosedError,
     StoreLockedError,
     StoreNotFoundError,
+    WriteStallError,
 )
 from statelog.ops import audit as _audit
 from statelog.recovery.report import Outcome, RecoveryReport, Rejection
@@ -84,6 +85,7 @@ __all__ = [
     "StoreNotFoundError",
     "StoreOptions",
     "Transaction",
+    "WriteStallError",
     "__version__",
     "open",
 ]

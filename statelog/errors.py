@@ -31,6 +31,7 @@ __all__ = [
     "StoreClosedError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "WriteStallError",
 ]
 
 
@@ -170,6 +171,20 @@ class StorageError(StatelogError, OSError):
     def __init__(self, message: str, *, errno: int | None = None, hint: str | None = None) -> None:
         StatelogError.__init__(self, message, hint=hint)
         self.errno = errno
+
+
+class WriteStallError(StatelogError):
+    """The overlay of commits no snapshot has folded yet reached ``max_overlay_bytes``,
+    and no compactor pass brought it back under within ``overlay_wait``.
+
+    Nothing was written: the commit may be retried as it is.
+    """
+
+    hint = (
+        "a compactor must fold the log: run `statelog-compactor STORE` (or open with "
+        'compactor="process"), check its log for failed passes, or raise max_overlay_bytes '
+        "or overlay_wait"
+    )
 
 
 class AuditError(StatelogError):

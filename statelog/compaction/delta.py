@@ -7,9 +7,10 @@ A pass whose base is a snapshot folds the sealed tail into :class:`Changes`
   linked to the base by the base's name and SHA-256 (:func:`write_delta`),
   at a cost that follows the tail, not the state; or
 * when :class:`ChainPolicy` says the chain has grown long or heavy enough,
-  a **full merge**: the chain's full image, each delta's image applied in
-  order, then the tail (:func:`merge_chain`, then the usual fold), written
-  as a full snapshot that starts a new chain.
+  a **full merge**: the chain's full image, each delta's image in order,
+  then the tail, merged in key order into a fresh image
+  (:func:`~statelog.compaction.merge.merge_levels`) and written as a full
+  snapshot that starts a new chain.
 
 The merge rule is size-tiered: a full snapshot is written once the deltas
 since the last one would hold more than ``full_ratio`` of its body, or the
@@ -29,7 +30,6 @@ from pathlib import Path
 from statelog.compaction.replay import Folding
 from statelog.errors import InvalidOptionError
 from statelog.format.snapshot import DeltaDoc
-from statelog.storage.builder import ImageBuilder
 from statelog.storage.image import Delta, encode_keys
 from statelog.storage.layered import LayeredBase
 from statelog.storage.levels import Chain
@@ -43,7 +43,6 @@ __all__ = [
     "Changes",
     "DeltaPlan",
     "delta_meta",
-    "merge_chain",
     "plan_delta",
 ]
 
@@ -51,7 +50,6 @@ MAX_CHAIN_LIMIT = 64
 """The largest ``max_chain`` a store accepts (readers follow longer chains: ``MAX_DEPTH``)."""
 MAX_FULL_RATIO = 10.0
 """The largest ``full_ratio`` a store accepts."""
-_BATCH = 65536  # entries of a delta image applied per write transaction in a merge
 
 
 @dataclass(frozen=True)
@@ -215,19 +213,3 @@ def delta_meta(chain: Chain, fold: Folding, plan: DeltaPlan) -> SnapshotMeta:
         parent.store_id, fold.good_epoch, fold.good_epoch, fold.good_chain,
         dict(fold.good_offsets), fold.good_wm, plan.counts, 0, int(time.time() * 1000), doc,
     )  # fmt: skip
-
-
-def merge_chain(builder: ImageBuilder, base: LayeredBase) -> None:
-    """Apply every delta level of ``base`` to ``builder`` (a copy of its full image), in order.
-
-    A delta's tombstones become deletes; each table goes in batches of
-    ``_BATCH`` entries, one write transaction each.
-    """
-    for level in base.levels[1:]:
-        for table in level.tables():
-            for chunk in level.raw_chunks(table):
-                for i in range(0, len(chunk), _BATCH):
-                    part = chunk[i : i + _BATCH]
-                    deletes = [k for k, v in part if v == TOMBSTONE]
-                    puts = [(k, v) for k, v in part if v != TOMBSTONE]
-                    builder.apply_encoded(table, puts, deletes)

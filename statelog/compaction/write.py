@@ -10,9 +10,11 @@ link verified: :func:`statelog.storage.levels.open_chain`), then asks
   up in the chain's base, and a delta snapshot of only those keys is
   written; its image (small) is published to ``STORE/base`` beside the
   chain's. Nothing is read or written in proportion to the state.
-* **full merge**: the chain's full image is copied, each delta's image
-  applied to it in order, the tail folded on top, and a full snapshot
-  written from the result, which starts a new chain.
+* **full merge**: the tail is folded into changes as for a delta, then the
+  chain's full image, each delta's image in order and the changes are
+  merged in key order into a fresh image
+  (:func:`~statelog.compaction.merge.merge_levels`), and a full snapshot
+  written from it, which starts a new chain.
 
 Either way the snapshot file is written durably (temp file, fsync, rename,
 fsync of ``snapshots/``) before its image is published, and a SIGKILL at
@@ -23,7 +25,6 @@ pass removes.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 
@@ -34,7 +35,8 @@ from statelog.compaction.base import (
     fold_tail,
     report_mismatch,
 )
-from statelog.compaction.delta import Changes, delta_meta, merge_chain, plan_delta
+from statelog.compaction.delta import Changes, delta_meta, plan_delta
+from statelog.compaction.merge import merge_levels
 from statelog.compaction.replay import Folding
 from statelog.compaction.retention import mark_verified
 from statelog.compaction.tail import SegmentInfo, Tail, list_segment_infos, sealed_tail
@@ -141,12 +143,7 @@ def _fold_from(
         start = Start(Changes(), dict(meta.offsets), meta.low_watermark_ms, meta.chain)
         if not p.policy.wants_full(meta, p.tail_bytes, portable=_portable(chain.snapshots[0])):
             return _delta(p, chain, layered, base_lsn, tail, start)
-        shutil.copyfile(chain.images[0], work)  # verified as the chain was opened
-        p.bytes_read += sum(s.stat().st_size for s in chain.snapshots)
-        with ImageBuilder.adopt(work) as builder:
-            merge_chain(builder, layered)
-            start.target = builder
-            return _full(p, base, base_lsn, tail, start, builder)
+        return _merge(p, chain, layered, base_lsn, tail, start, work)
     finally:
         layered.close()
 
@@ -205,7 +202,18 @@ def _full(
     # it: that copy would write the whole state once more per full pass.
     tables = builder.counts()
     builder.close()
-    image = builder.path
+    return _write_full(p, base, base_lsn, fold, tables, builder.path)
+
+
+def _write_full(
+    p: Pass,
+    base: Path | None,
+    base_lsn: int,
+    fold: Folding,
+    tables: dict[str, int],
+    image: Path,
+) -> CompactionResult:
+    """Write the full snapshot of ``image`` (the state at ``fold``), then publish ``image``."""
     size = image.stat().st_size
     meta_out = SnapshotMeta(
         p.store_id, fold.good_epoch, fold.good_epoch, fold.good_chain, fold.good_offsets,
@@ -216,6 +224,28 @@ def _full(
     mark_verified(path)  # built from this pass's own image: retention need not parse it
     publish_image(p.files, image, p.layout.base, path, written)
     return _done(p, path, written, base, base_lsn, fold)
+
+
+def _merge(
+    p: Pass,
+    chain: Chain,
+    layered: LayeredBase,
+    base_lsn: int,
+    tail: tuple[SegmentInfo, ...],
+    start: Start,
+    image: Path,
+) -> CompactionResult | None:
+    """Fold ``tail`` into changes, merge them with every level of ``chain`` into a fresh
+    image at ``image`` (:func:`~statelog.compaction.merge.merge_levels`), and write a
+    full snapshot of it: the start of a new chain."""
+    base = chain.snapshots[-1]
+    fold = _folded(p, start, base, base_lsn, tail)
+    if not isinstance(fold, Folding):
+        return fold
+    assert isinstance(start.target, Changes)
+    p.bytes_read += sum(s.stat().st_size for s in chain.snapshots)
+    tables = merge_levels(layered, start.target, image)
+    return _write_full(p, base, base_lsn, fold, tables, image)
 
 
 def _delta(

@@ -158,6 +158,8 @@ class StoreMetrics:
     commits: _Tally
     appended_bytes: _Tally
     fsync_seconds: _Latency
+    stalls: _Tally
+    stall_seconds: _Tally
 
 
 _bound: dict[str, StoreMetrics] = {}
@@ -174,7 +176,9 @@ def bind(root: Path) -> StoreMetrics:
     with _bound_guard:
         found = _bound.get(label)
         if found is None:
-            found = _bound[label] = StoreMetrics(_Latency(), _Tally(), _Tally(), _Latency())
+            found = _bound[label] = StoreMetrics(
+                _Latency(), _Tally(), _Tally(), _Latency(), _Tally(), _Tally()
+            )
         return found
 
 
@@ -185,20 +189,27 @@ class _CommitPath(Collector):
         return list(self._families())
 
     def collect(self) -> Iterator[Metric]:
-        seconds, commits, appended, fsyncs = self._families()
+        seconds, commits, appended, fsyncs, stalls, stalled = self._families()
         with _bound_guard:
             bound = sorted(_bound.items())
         for label, m in bound:
             commits.add_metric([label], m.commits.value)
             appended.add_metric([label], m.appended_bytes.value)
+            stalls.add_metric([label], m.stalls.value)
+            stalled.add_metric([label], m.stall_seconds.value)
             for family, latency in ((seconds, m.commit_seconds), (fsyncs, m.fsync_seconds)):
                 buckets, total = latency.read()
                 family.add_metric([label], buckets, total)
-        yield from (seconds, commits, appended, fsyncs)
+        yield from (seconds, commits, appended, fsyncs, stalls, stalled)
 
     @staticmethod
     def _families() -> tuple[
-        HistogramMetricFamily, CounterMetricFamily, CounterMetricFamily, HistogramMetricFamily
+        HistogramMetricFamily,
+        CounterMetricFamily,
+        CounterMetricFamily,
+        HistogramMetricFamily,
+        CounterMetricFamily,
+        CounterMetricFamily,
     ]:
         H, C = HistogramMetricFamily, CounterMetricFamily
         return (
@@ -210,6 +221,16 @@ class _CommitPath(Collector):
             C("statelog_commits", "Commits appended to the log.", labels=_STORE),
             C("statelog_appended_bytes", "Bytes appended to log segments.", labels=_STORE),
             H("statelog_fsync_seconds", "Seconds per fdatasync of the log.", labels=_STORE),
+            C(
+                "statelog_write_stalls",
+                "Commits that waited for a snapshot because the overlay was full.",
+                labels=_STORE,
+            ),
+            C(
+                "statelog_write_stall_seconds",
+                "Seconds commits waited for a snapshot to fold the full overlay.",
+                labels=_STORE,
+            ),
         )
 
 

@@ -243,7 +243,7 @@ def _check_and_apply(
         if decoded.epoch != state.epoch + 1:
             why = f"epoch {decoded.epoch} where {state.epoch + 1} was expected"
             return StopKind.CORRUPT, rec.offset, why
-        state.apply_record(decoded)
+        state.apply_record(decoded, len(rec.payload))
         prog.replayed += 1
         end.chain = rec.crc
     if scan.sealed_lsn is not None and scan.sealed_lsn != state.epoch:

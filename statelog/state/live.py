@@ -41,12 +41,13 @@ _MISSING = object()
 class Generation:
     """The overlay entries written to one WAL segment (or, after a merge, to several)."""
 
-    __slots__ = ("first_epoch", "last_epoch", "segment", "tables")
+    __slots__ = ("first_epoch", "last_epoch", "record_bytes", "segment", "tables")
 
     def __init__(self, segment: int, first_epoch: int) -> None:
         self.segment = segment
         self.first_epoch = first_epoch
         self.last_epoch = first_epoch - 1
+        self.record_bytes = 0  # the log bytes of the records applied (what a fold removes)
         self.tables: dict[str, dict[Key, bytes | None]] = {}
 
 
@@ -80,6 +81,8 @@ class LiveState:
         self.base: Base = EmptyBase()
         self.base_epoch = 0
         self.generations: list[Generation] = [Generation(0, 1)]
+        self.overlay_bytes = 0
+        """Log bytes of the records in the overlay: what a compactor has yet to fold."""
         self._sealed: dict[str, _Sealed] = {}  # cleared whenever the sealed set changes
 
     # -- writing ----------------------------------------------------------
@@ -102,9 +105,15 @@ class LiveState:
         offsets: Mapping[str, int],
         low_watermark_ms: int,
         deltas: Iterable[tuple[str, Sequence[Key], Sequence[bytes], Sequence[Key]]],
+        record_bytes: int = 0,
     ) -> None:
-        """Apply one verified commit to the newest generation. The caller checked the epoch."""
+        """Apply one verified commit to the newest generation. The caller checked the epoch.
+
+        ``record_bytes``: the commit's size in the log, counted in :attr:`overlay_bytes`.
+        """
         top = self.generations[-1]
+        top.record_bytes += record_bytes
+        self.overlay_bytes += record_bytes
         # A delete must hide the key in lower levels; with none, just forget it.
         shadowing = len(self.generations) > 1 or not isinstance(self.base, EmptyBase)
         for name, keys, values, deletes in deltas:
@@ -124,12 +133,13 @@ class LiveState:
         self.low_watermark_ms = low_watermark_ms
         self.epoch = top.last_epoch = epoch
 
-    def apply_record(self, rec: CommitRecord) -> None:
+    def apply_record(self, rec: CommitRecord, record_bytes: int = 0) -> None:
         self.apply(
             rec.epoch,
             rec.offsets,
             rec.low_watermark_ms,
             ((t.name, t.keys, t.values, t.deletes) for t in rec.tables),
+            record_bytes,
         )
 
     def swap_base(self, base: Base, epoch: int) -> Base:
@@ -147,6 +157,7 @@ class LiveState:
             # The newest generation is folded too: keep an empty one to write into.
             kept = [Generation(top.segment, self.epoch + 1)]
         self.generations = kept
+        self.overlay_bytes = sum(g.record_bytes for g in kept)
         self._sealed.clear()
         return old
 
@@ -157,6 +168,7 @@ class LiveState:
         for name, entries in newer.tables.items():
             older.tables.setdefault(name, {}).update(entries)
         older.last_epoch = newer.last_epoch
+        older.record_bytes += newer.record_bytes
         older.segment = newer.segment
         del self.generations[1]
         self._sealed.clear()

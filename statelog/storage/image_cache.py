@@ -55,6 +55,7 @@ __all__ = [
     "image_crc",
     "image_path",
     "publish_image",
+    "published",
     "reusable_image",
     "stamp_of",
 ]
@@ -153,6 +154,12 @@ def publish_image(
                 with contextlib.suppress(OSError):
                     files.remove(p)
     return dest
+
+
+def published(image_dir: Path, snapshot: Path) -> bool:
+    """Whether ``image_dir`` holds a stamped image the compactor published for ``snapshot``."""
+    stem = snapshot.name.removesuffix(".snap")
+    return any(image_dir.glob(f"{stem}.{PUBLISHED_TAG}*.mdb{STAMP_SUFFIX}"))
 
 
 def extract_stamped(

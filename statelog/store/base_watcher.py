@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -25,13 +26,16 @@ from statelog.errors import CorruptionError, FormatVersionError, StorageError
 from statelog.events import emit
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image_cache import stamp_of
+from statelog.storage.image_cache import published, stamp_of
 from statelog.storage.levels import ImageSources, open_chain
 from statelog.storage.snapshots import list_snapshots
 
-__all__ = ["BaseWatcher"]
+__all__ = ["PUBLISH_GRACE", "BaseWatcher"]
 
 log = logging.getLogger("statelog.store.store")
+
+PUBLISH_GRACE = 3.0
+"""Seconds a new snapshot without a published image waits before the writer builds its own."""
 
 
 class BaseWatcher:
@@ -61,11 +65,16 @@ class BaseWatcher:
         self._on_swap = on_swap
         self._refused: set[Path] = set()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="statelog-base-watch", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.check()
             except Exception:  # a bad snapshot must never take the writer down
@@ -82,6 +91,8 @@ class BaseWatcher:
             chain = self._boundaries.get(lsn)
             if chain is None:
                 continue  # not the end of a segment this writer knows: not ours to judge
+            if self._publishing(path):
+                return None
             try:
                 self._files.makedirs(self._image_dir)
                 sources = ImageSources(self._image_dir, (self._image_dir,))
@@ -132,6 +143,21 @@ class BaseWatcher:
             return path
         return None
 
+    def _publishing(self, snapshot: Path) -> bool:
+        """Whether ``snapshot`` is new enough that its compactor may still be publishing
+        its image: the compactor renames the snapshot into place, then its image, and
+        building the image here instead would write the whole state a second time."""
+        try:
+            age = time.time() - snapshot.stat().st_mtime
+        except OSError:
+            return False  # gone: the open below reports it as it would
+        return age < PUBLISH_GRACE and not published(self._image_dir, snapshot)
+
+    def poke(self) -> None:
+        """Look for a snapshot now rather than at the next interval (a stalled commit waits)."""
+        self._wake.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join()

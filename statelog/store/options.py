@@ -29,6 +29,7 @@ __all__ = [
     "StoreOptions",
     "check_chain_options",
     "check_compactor_options",
+    "check_overlay_options",
     "check_remote_options",
     "check_sizes",
     "check_store_path",
@@ -91,6 +92,13 @@ class StoreOptions:
     full_ratio: float = 0.5
     """The in-process compactor writes a full snapshot once the chain's delta
     bytes would exceed this fraction of the full snapshot's body, in (0, 10]."""
+    max_overlay_bytes: int | None = None
+    """The most log bytes of commits no snapshot has folded yet that the writer holds in
+    memory (its overlay); a commit past it waits for the compactor's next snapshot, up to
+    ``overlay_wait``, then raises :class:`~statelog.errors.WriteStallError`. At least
+    twice ``segment_bytes`` (the compactor folds only sealed segments). None: no bound."""
+    overlay_wait: timedelta = timedelta(seconds=60)
+    """How long a commit waits for the overlay to shrink under ``max_overlay_bytes``."""
     remote: str | None = None
     """``s3://bucket/prefix`` of the store's remote copy (writer only, with
     ``compactor="none"``; ``docs/remote.md``)."""
@@ -114,6 +122,7 @@ class StoreOptions:
             self.compactor, self.compactor_interval, self.min_tail_bytes, self.retain
         )
         check_chain_options(self.max_chain, self.full_ratio)
+        check_overlay_options(self.max_overlay_bytes, self.overlay_wait, self.segment_bytes)
         refresh = self.base_refresh
         if not isinstance(refresh, timedelta) or refresh <= timedelta(0):
             raise InvalidOptionError(f"base_refresh={refresh!r}", hint="a positive timedelta")
@@ -227,6 +236,21 @@ def check_chain_options(max_chain: object, full_ratio: object) -> None:
     :raises InvalidOptionError: as :meth:`~statelog.compaction.delta.ChainPolicy.checked`.
     """
     ChainPolicy.checked(max_chain, full_ratio)
+
+
+def check_overlay_options(limit: object, wait: object, segment_bytes: int) -> None:
+    """:raises InvalidOptionError: ``max_overlay_bytes`` neither None nor an int of at
+    least twice ``segment_bytes``, or ``overlay_wait`` not a positive timedelta."""
+    if limit is not None and (
+        not isinstance(limit, int) or isinstance(limit, bool) or limit < 2 * segment_bytes
+    ):
+        raise InvalidOptionError(
+            f"max_overlay_bytes={limit!r}",
+            hint=f"None, or an int of at least 2 * segment_bytes ({2 * segment_bytes}): the "
+            "compactor folds only sealed segments, so the active one always stays in memory",
+        )
+    if not isinstance(wait, timedelta) or wait <= timedelta(0):
+        raise InvalidOptionError(f"overlay_wait={wait!r}", hint="a positive timedelta")
 
 
 def check_store_path(path: Any) -> Path:

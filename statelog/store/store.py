@@ -224,6 +224,9 @@ class StateStore:
         group = w.group
         if group is not None and group.failure is not None:
             raise group.failure
+        overlay = w.overlay
+        if overlay is not None and overlay.full():
+            overlay.wait()
         epoch = self._state.epoch + 1
         try:
             payload = encode_record(CommitRecord(epoch, offsets, wm, deltas))
@@ -243,7 +246,8 @@ class StateStore:
             state = self._state
             if wal.sequence != state.generations[-1].segment:
                 state.begin_generation(wal.sequence)
-            state.apply(epoch, offsets, wm, ((d.name, d.keys, d.values, d.deletes) for d in deltas))
+            rows = ((d.name, d.keys, d.values, d.deletes) for d in deltas)
+            state.apply(epoch, offsets, wm, rows, len(payload))
         if group is not None:
             group.written_up_to(epoch)
         m = w.metrics

@@ -37,6 +37,7 @@ from statelog.storage.lock import StoreLock
 from statelog.store.base_watcher import BaseWatcher
 from statelog.store.inproc import InProcessCompactor
 from statelog.store.options import Durability
+from statelog.store.overlay import OverlayBound
 
 __all__ = ["StoreWriter"]
 
@@ -59,6 +60,7 @@ class StoreWriter:
         "group",
         "max_record",
         "metrics",
+        "overlay",
         "path",
         "state",
         "sync_each",
@@ -98,6 +100,7 @@ class StoreWriter:
         if durability == "group":
             self.group = GroupCommitter(self.group_sync, group_delay.total_seconds(), epoch)
         self.watcher: BaseWatcher | None = None
+        self.overlay: OverlayBound | None = None
         self.fence: FenceWatch | None = None
         self.compactor: InProcessCompactor | None = None
         self._finished = False

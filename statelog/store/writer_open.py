@@ -58,6 +58,7 @@ from statelog.storage.layout import StoreLayout
 from statelog.storage.lock import StoreLock
 from statelog.store.base_watcher import BaseWatcher
 from statelog.store.options import StoreOptions
+from statelog.store.overlay import OverlayBound
 from statelog.store.writer import StoreWriter
 
 if TYPE_CHECKING:
@@ -150,6 +151,9 @@ def open_writer(
         state.base.close()
         lock.release()
         raise
+    if options.max_overlay_bytes is not None:
+        wait = options.overlay_wait.total_seconds()
+        writer.overlay = OverlayBound(path, state, store_metrics, options.max_overlay_bytes, wait)
     writer.watcher = BaseWatcher(
         files=files,
         snapshots=layout.snapshots,
@@ -159,7 +163,10 @@ def open_writer(
         view=view,
         boundaries=boundaries,
         interval=options.base_refresh.total_seconds(),
+        on_swap=None if writer.overlay is None else writer.overlay.folded,
     )
+    if writer.overlay is not None:
+        writer.overlay.poke = writer.watcher.poke
     metrics.watch(path)  # the writer's stop() unwatches, also on a failure after this
     wal = opened.wal
     if wal.fence_check is not None:
