@@ -53,8 +53,9 @@ class Sizes:
     """State sizes of the pass-cost suite (``bench_pass_scale.py``)."""
     pass_tail: int
     """Updates in the tail each of those passes folds (in 10 checkpoints)."""
-    sustained: tuple[tuple[int, float], ...]
-    """(keys, seconds) of the sustained-load suite (``bench_sustained.py``)."""
+    sustained: tuple[tuple[int, float, int | None], ...]
+    """(keys, seconds, the writer's overlay bound in MiB or None) of the sustained-load
+    suite (``bench_sustained.py``)."""
 
 
 # fmt: off
@@ -65,7 +66,7 @@ SIZES = {
         restart_keys=300, restart_history=100, restart_tail=50, repeats=1, memory_keys=(300,),
         daemon_keys=300, daemon_checkpoints=3, remote_keys=2000, remote_seconds=1.0,
         build_keys=(2_000,), pass_keys=(2_000,), pass_tail=100,
-        sustained=((2_000, 1.0),),
+        sustained=((2_000, 1.0, None), (2_000, 1.0, 16)),
     ),
     "quick": Sizes(
         commit_keys=(10_000, 100_000), commit_updates=10_000, rounds=20, json_rounds=5,
@@ -74,7 +75,7 @@ SIZES = {
         restart_tail=10_000, repeats=3, memory_keys=(100_000,), daemon_keys=100_000,
         daemon_checkpoints=40, remote_keys=100_000, remote_seconds=5.0,
         build_keys=(100_000, 1_000_000), pass_keys=(100_000, 1_000_000), pass_tail=10_000,
-        sustained=((100_000, 20.0),),
+        sustained=((100_000, 20.0, None), (100_000, 20.0, 32)),
     ),
     "full": Sizes(
         commit_keys=(10_000, 100_000, 1_000_000), commit_updates=10_000, rounds=50,
@@ -84,7 +85,9 @@ SIZES = {
         memory_keys=(1_000_000, 10_000_000), daemon_keys=1_000_000, daemon_checkpoints=60,
         remote_keys=1_000_000, remote_seconds=10.0, build_keys=(1_000_000, 10_000_000),
         pass_keys=(1_000_000, 10_000_000), pass_tail=100_000,
-        sustained=((1_000_000, 120.0), (10_000_000, 600.0)),
+        sustained=(
+            (1_000_000, 120.0, None), (1_000_000, 120.0, 32), (10_000_000, 600.0, 32)
+        ),
     ),
 }
 # fmt: on

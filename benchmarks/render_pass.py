@@ -66,23 +66,29 @@ def pass_section(doc: Doc) -> list[str]:
 
 def sustained_section(doc: Doc) -> list[str]:
     """The sustained-load suite: bytes per checkpoint, throughput, the writer's RssAnon."""
-    runs = sorted(suite(doc, "sustained"), key=lambda r: r["keys"])
+    runs = sorted(
+        suite(doc, "sustained"), key=lambda r: (r["keys"], r.get("max_overlay_bytes") or 0)
+    )
     if not runs:
         return []
     rows, mem = [], []
     for r in runs:
         n = max(1, r["checkpoints"])
         log, comp = r["writer_bytes"] / n, r["compactor_bytes"] / n
+        bound = r.get("max_overlay_bytes")
+        cap = "none" if bound is None else size(bound)
+        stalled = f"{r.get('stall_seconds', 0.0) / r['seconds']:.0%}"
         rows.append(
-            f"{size_id(r['keys'])} | {r['seconds']:.0f} | {r['checkpoints']:,} | "
+            f"{size_id(r['keys'])} | {cap} | {r['seconds']:.0f} | {r['checkpoints']:,} | "
             f"{r['updates'] / r['seconds']:,.0f} | {r['updates'] / r['writer_cpu_seconds']:,.0f} | "
             f"{size(log)} | {size(comp)} | {ratio(log + comp, log):.2f}x | {r['snapshots']} | "
-            f"{r['newest_depth']}"
+            f"{r['newest_depth']} | {stalled}"
         )
         anon = [x["rss_anon"] for x in r["samples"]]
         later = [x["rss_anon"] for x in r["samples"] if x["t"] >= 60] or anon
         mem.append(
-            f"{size_id(r['keys'])} | {size(anon[0])} | {size(max(later))} | {size(anon[-1])}"
+            f"{size_id(r['keys'])} | {cap} | {size(anon[0])} | {size(max(later))} | "
+            f"{size(anon[-1])}"
         )
     return [
         "## Sustained checkpoints with the compactor running",
@@ -90,15 +96,21 @@ def sustained_section(doc: Doc) -> list[str]:
         'updates (`durability="commit"`) back to back for the time shown, the compactor a '
         "child process (8 MiB segments, an 8 MiB tail trigger, a pass every second). Bytes "
         "are `/proc/<pid>/io` `write_bytes`: the writer's are the log's, the compactor's "
-        "are its snapshots, images and scratch.",
+        "are its snapshots, images and scratch. *Overlay bound* is the writer's "
+        "`max_overlay_bytes` (none: unbounded); *stalled* is the share of the run its "
+        "commits spent waiting for the compactor at that bound.",
         table(
-            "keys | s | checkpoints | updates/s (wall) | updates/s (writer CPU) | "
-            "log bytes / checkpoint | compactor bytes / checkpoint | all / log | "
-            "snapshots left | newest chain depth",
+            "keys | overlay bound | s | checkpoints | updates/s (wall) | "
+            "updates/s (writer CPU) | log bytes / checkpoint | compactor bytes / checkpoint | "
+            "all / log | snapshots left | newest chain depth | stalled",
             rows,
-            "rrrrrrrrrr",
+            "rrrrrrrrrrrr",
         ),
         "The writer's RssAnon: after the open, the largest sample from the first minute on, "
         "and at the end of the run.",
-        table("keys | RssAnon at open | largest after 60 s | at the end", mem, "rrrr"),
+        table(
+            "keys | overlay bound | RssAnon at open | largest after 60 s | at the end",
+            mem,
+            "rrrrr",
+        ),
     ]

@@ -1,13 +1,14 @@
 """The sustained-load probe: a writer committing back to back for minutes, its compactor running.
 
-    python -m benchmarks.sustained STORE --keys N --seconds S [--updates U]
+    python -m benchmarks.sustained STORE --keys N --seconds S [--updates U] [--max-overlay-mib M]
 
 Opens ``STORE`` (a template: a loaded, compacted store) with
 ``durability="commit"`` and the compactor as a child process (8 MiB segments,
 an 8 MiB tail trigger, a pass every second), then commits checkpoints of
 ``--updates`` random updates of the reconciler workload back to back for
-``--seconds``. Every ``--sample`` seconds it records the writer's RssAnon, the
-epoch, and the bytes written (``/proc/<pid>/io`` ``write_bytes``) by the writer
+``--seconds``, the writer's ``max_overlay_bytes`` set to ``M`` MiB if given.
+Every ``--sample`` seconds it records the writer's RssAnon, the epoch, and
+the bytes written (``/proc/<pid>/io`` ``write_bytes``) by the writer
 (the log) and by its compactor child (snapshots, images, scratch). Prints one
 JSON line.
 """
