@@ -1,12 +1,12 @@
 """Restart after SIGKILL: newest snapshot + log tail, vs the whole log replayed, vs JSON.
 
-Set-up, once per module (not timed): a template store of ``restart_keys`` keys
-and ``restart_history`` updates of history, compacted into one snapshot, its
+Set-up, once per size of ``restart_keys`` (not timed): a template store of that
+many keys and ``restart_history`` updates of history, compacted into one snapshot, its
 whole log kept aside (``probe template``); a clone of it into which a writer
 commits a ``restart_tail``-update tail and is killed with SIGKILL; a copy of
 that store without snapshots, holding every segment from epoch 1; the JSON
-snapshot of the same state. Each restore runs ``repeats`` times, each in a
-fresh interpreter that leaves with ``os._exit`` (``probe open``): the
+snapshot of the same state (up to ``json_keys`` keys). Each restore runs
+``repeats`` times, each in a fresh interpreter that leaves with ``os._exit`` (``probe open``): the
 pytest-benchmark time includes the interpreter's start, ``extra_info`` holds
 the restore alone (wall and CPU seconds) and RssAnon after it.
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Sizes, parametrize_keys
+from .conftest import SIZES, Sizes, parametrize_keys, size_id
 from .probe import clone_store, run_probe, start_probe, stop_group
 from .strategies import JsonSnapshot
 from .workload import Workload
@@ -58,9 +58,9 @@ def _segments(wal: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def scenario(sizes: Sizes, tmp_path_factory: pytest.TempPathFactory) -> Scenario:
-    root = tmp_path_factory.mktemp("restart")
-    keys, updates = sizes.restart_keys, min(10_000, sizes.restart_tail)
+def scenario(restart_keys: int, sizes: Sizes, tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    root = tmp_path_factory.mktemp(f"restart{restart_keys}")
+    keys, updates = restart_keys, min(10_000, sizes.restart_tail)
     args = ["--keys", str(keys), "--updates", str(updates)]
     template = run_probe(
         ["template", str(root / "t"), *args, "--history", str(sizes.restart_history)]
@@ -81,10 +81,12 @@ def scenario(sizes: Sizes, tmp_path_factory: pytest.TempPathFactory) -> Scenario
     for seg in _segments(store / "wal"):
         if seg.name not in kept:  # written by the killed writer; it may still grow
             shutil.copyfile(seg, replay / "wal" / seg.name)
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        json_path: Path = pool.submit(
-            _write_json, root / "json", keys, updates, start + commits, acked["epoch"]
-        ).result()
+    json_path: Path | None = None
+    if keys <= sizes.json_keys:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            json_path = pool.submit(
+                _write_json, root / "json", keys, updates, start + commits, acked["epoch"]
+            ).result()
     tail_bytes = sum(p.stat().st_size for p in _segments(store / "wal") if p.name not in kept)
     info = {
         **template,
@@ -92,14 +94,18 @@ def scenario(sizes: Sizes, tmp_path_factory: pytest.TempPathFactory) -> Scenario
         "history_updates": start * updates,
         "log_bytes": sum(p.stat().st_size for p in _segments(replay / "wal")),
         "tail_bytes": tail_bytes,
-        "json_bytes": json_path.stat().st_size,
+        "json_bytes": None if json_path is None else json_path.stat().st_size,
     }
-    paths = {"snapshot": store, "replay": replay, "json": json_path}
+    paths = {"snapshot": store, "replay": replay}
+    if json_path is not None:
+        paths["json"] = json_path
     return Scenario(keys, acked["epoch"], paths, info)
 
 
 @pytest.mark.parametrize("kind", ["snapshot", "replay", "json"])
 def test_restart(benchmark: Any, kind: str, scenario: Scenario, sizes: Sizes) -> None:
+    if kind not in scenario.paths:
+        pytest.skip(f"no JSON restore above {sizes.json_keys:,} keys")
     args = ["open", str(scenario.paths[kind]), *(["--json"] if kind == "json" else [])]
     docs: list[dict[str, Any]] = []
     benchmark.pedantic(lambda: docs.append(run_probe(args)), rounds=sizes.repeats, iterations=1)
@@ -119,6 +125,9 @@ def test_restart(benchmark: Any, kind: str, scenario: Scenario, sizes: Sizes) ->
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     parametrize_keys(metafunc, "memory_keys", "memory_keys")
+    if "restart_keys" in metafunc.fixturenames:
+        keys = SIZES[str(metafunc.config.getoption("--bench-size"))].restart_keys
+        metafunc.parametrize("restart_keys", keys, ids=[size_id(k) for k in keys], scope="module")
 
 
 def test_memory(benchmark: Any, memory_keys: int, sizes: Sizes, tmp_path: Path) -> None:

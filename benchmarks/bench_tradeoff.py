@@ -8,7 +8,8 @@ last one. The test SIGKILLs the worker's process group, measures the disk the
 crash left, and times the recovery in a fresh interpreter (the pytest-benchmark
 time includes that interpreter's start; ``extra_info["recovery"]["seconds"]``
 is the recovery alone). Recovery must find the acknowledged offsets and
-watermark and every key.
+watermark and every key. Above ``json_keys`` only the strategies of
+:data:`~benchmarks.conftest.LARGE` run.
 """
 
 from __future__ import annotations
@@ -19,16 +20,24 @@ from typing import Any
 
 import pytest
 
-from .conftest import Sizes, parametrize_keys
+from .conftest import LARGE, SIZES, Sizes, size_id
 from .probe import dir_footprint, run_probe, start_probe, stop_group
 from .strategies import STRATEGIES
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    parametrize_keys(metafunc, "keys", "tradeoff_keys")
+    if "keys" in metafunc.fixturenames and "name" in metafunc.fixturenames:
+        run = SIZES[str(metafunc.config.getoption("--bench-size"))]
+        cells = [
+            (name, keys)
+            for keys in run.tradeoff_keys
+            for name in STRATEGIES
+            if keys <= run.json_keys or name in LARGE
+        ]
+        ids = [f"{name}-{size_id(keys)}" for name, keys in cells]
+        metafunc.parametrize(("name", "keys"), cells, ids=ids)
 
 
-@pytest.mark.parametrize("name", list(STRATEGIES))
 def test_sigkill_and_recover(
     benchmark: Any, name: str, keys: int, sizes: Sizes, tmp_path: Path
 ) -> None:

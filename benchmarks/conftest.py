@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["SIZES", "Sizes", "machine_now", "parametrize_keys", "size_id"]
+__all__ = ["LARGE", "SIZES", "Sizes", "machine_now", "parametrize_keys", "size_id"]
 
 
 @dataclass(frozen=True)
@@ -32,13 +32,17 @@ class Sizes:
     rounds: int
     json_rounds: int
     tradeoff_keys: tuple[int, ...]
+    """State sizes of the trade-off suite; above ``json_keys`` only :data:`LARGE` runs."""
+    json_keys: int
+    """The largest state the slow full-rewrite strategies (JSON, SQLite, ...) are run at."""
     fractions: tuple[float, ...]
     budget: float
     """Seconds of back-to-back checkpoints per dirty fraction, roughly."""
     max_checkpoints: int
     settle: float
     """Seconds of one 1%-dirty checkpoint every 250 ms before the SIGKILL."""
-    restart_keys: int
+    restart_keys: tuple[int, ...]
+    """State sizes of the restart suite; its JSON restore runs only up to ``json_keys``."""
     restart_history: int
     restart_tail: int
     repeats: int
@@ -58,20 +62,26 @@ class Sizes:
     suite (``bench_sustained.py``)."""
 
 
+LARGE = ("statelog", "statelog-group", "lmdb", "rocksdb")
+"""The strategies the trade-off suite runs above ``json_keys``: the rest rewrite or
+replay the whole state per checkpoint or recovery, hours at 10M keys."""
+
 # fmt: off
 SIZES = {
     "tiny": Sizes(
         commit_keys=(200,), commit_updates=50, rounds=2, json_rounds=2,
-        tradeoff_keys=(1000,), fractions=(0.01,), budget=0.01, max_checkpoints=2, settle=0.1,
-        restart_keys=300, restart_history=100, restart_tail=50, repeats=1, memory_keys=(300,),
+        tradeoff_keys=(1000,), json_keys=1000, fractions=(0.01,), budget=0.01,
+        max_checkpoints=2, settle=0.1,
+        restart_keys=(300,), restart_history=100, restart_tail=50, repeats=1, memory_keys=(300,),
         daemon_keys=300, daemon_checkpoints=3, remote_keys=2000, remote_seconds=1.0,
         build_keys=(2_000,), pass_keys=(2_000,), pass_tail=100,
         sustained=((2_000, 1.0, None), (2_000, 1.0, 16)),
     ),
     "quick": Sizes(
         commit_keys=(10_000, 100_000), commit_updates=10_000, rounds=20, json_rounds=5,
-        tradeoff_keys=(10_000, 100_000), fractions=(0.001, 0.01, 0.1), budget=0.6,
-        max_checkpoints=20, settle=1.0, restart_keys=100_000, restart_history=500_000,
+        tradeoff_keys=(10_000, 100_000), json_keys=100_000,
+        fractions=(0.001, 0.01, 0.1), budget=0.6,
+        max_checkpoints=20, settle=1.0, restart_keys=(100_000,), restart_history=500_000,
         restart_tail=10_000, repeats=3, memory_keys=(100_000,), daemon_keys=100_000,
         daemon_checkpoints=40, remote_keys=100_000, remote_seconds=5.0,
         build_keys=(100_000, 1_000_000), pass_keys=(100_000, 1_000_000), pass_tail=10_000,
@@ -79,9 +89,11 @@ SIZES = {
     ),
     "full": Sizes(
         commit_keys=(10_000, 100_000, 1_000_000), commit_updates=10_000, rounds=50,
-        json_rounds=3, tradeoff_keys=(10_000, 100_000, 1_000_000),
-        fractions=(0.001, 0.01, 0.1), budget=8.0, max_checkpoints=100, settle=15.0,
-        restart_keys=1_000_000, restart_history=5_000_000, restart_tail=100_000, repeats=3,
+        json_rounds=3, tradeoff_keys=(10_000, 100_000, 1_000_000, 10_000_000),
+        json_keys=1_000_000, fractions=(0.001, 0.01, 0.1), budget=8.0, max_checkpoints=100,
+        settle=15.0,
+        restart_keys=(1_000_000, 10_000_000),
+        restart_history=5_000_000, restart_tail=100_000, repeats=3,
         memory_keys=(1_000_000, 10_000_000), daemon_keys=1_000_000, daemon_checkpoints=60,
         remote_keys=1_000_000, remote_seconds=10.0, build_keys=(1_000_000, 10_000_000),
         pass_keys=(1_000_000, 10_000_000), pass_tail=100_000,

@@ -201,9 +201,9 @@ def test_renderer_computes_sections_and_verdicts(tmp_path: Path) -> None:
         "## Targets",
         "| statelog commit vs rocksdb | >= 3x the updates/s at 1M keys, 1% dirty | 5.0x",
         "| statelog commit vs sqlite | >= 30x the updates/s at 1M keys, 1% dirty | 20.0x",
-        "| restart vs full replay | >= 20x faster than replaying the whole log | 25.0x",
+        "| restart vs full replay, 100k keys | >= 20x faster than replaying the whole log | 25.0x",
         "## Durability strategy trade-off (100k keys, 1% dirty)",
-        "| (5) SQLite WAL, `synchronous=FULL` | 0.100 s, nothing replayed | 20.00 / 20.00 ms",
+        "| 100k | (5) SQLite WAL, `synchronous=FULL` | 0.100 s, nothing replayed | 20.00 / 20.00",
         "### Every size and dirty fraction",
         "### Recovery after SIGKILL",
         "## Checkpoint cost by state size",
@@ -218,13 +218,13 @@ def test_renderer_computes_sections_and_verdicts(tmp_path: Path) -> None:
     ):
         assert needle in text, needle
     verdicts = re.findall(
-        r"^\| (statelog commit vs \w+|restart vs full replay) \|.*\| \*\*(\w+)\*\*", text, re.M
+        r"^\| (statelog commit vs \w+|restart [^|]*) \|.*\| \*\*(\w+)\*\*", text, re.M
     )
     assert verdicts == [
         ("statelog commit vs rocksdb", "met"),
         ("statelog commit vs sqlite", "missed"),
         ("statelog commit vs json", "inconclusive"),
-        ("restart vs full replay", "met"),
+        ("restart vs full replay, 100k keys", "met"),
     ]
     assert "## Remote tier" not in text and "## Memory" not in text  # not in these results
     assert all(
@@ -243,3 +243,43 @@ def test_no_tracker_names_in_the_benchmarks() -> None:
     for path in files:
         text = path.read_text()
         assert not re.search(r"\bissue[ _-]?\d|design brief|/tmp/|/work/", text, re.I), path
+
+
+def _sized(doc: dict[str, Any], keys: int, restart_s: float) -> list[dict[str, Any]]:
+    """The statelog, rocksdb and restart results of ``doc`` again, at ``keys`` keys."""
+    out = []
+    for b in copy.deepcopy(doc["benchmarks"]):
+        info = b["extra_info"]
+        if info.get("strategy") in ("statelog", "rocksdb") and info["suite"] == "tradeoff":
+            out.append({**b, "extra_info": {**info, "keys": keys}})
+        elif info["suite"] == "restart" and info["kind"] != "json":
+            s = restart_s if info["kind"] == "snapshot" else 10.0
+            info.update(keys=keys, seconds=[s], cpu_seconds=[s], json_bytes=None)
+            out.append(b)
+    return out
+
+
+def test_renderer_judges_targets_at_1m_and_the_restart_at_the_largest_size(
+    tmp_path: Path,
+) -> None:
+    """Above ``json_keys`` only the large strategies run: the throughput targets are still
+    judged at 1M keys, the summary shows 1M and 10M, and the 10M restart is held to 2x."""
+    doc = _results("full")
+    doc["statelog"]["sizes"]["json_keys"] = 1_000_000
+    doc["benchmarks"] = _sized(doc, 1_000_000, 0.1) + _sized(doc, 10_000_000, 0.25)
+    text = render(doc, tmp_path)
+    assert "## Durability strategy trade-off (1M and 10M keys, 1% dirty)" in text
+    assert "| statelog commit vs rocksdb | >= 3x the updates/s at 1M keys, 1% dirty | 5.0x" in text
+    assert "Above 1,000,000 keys only statelog" in text
+    assert "### 10M keys" in text and "(no JSON restore at this size)" in text
+    verdicts = re.findall(r"^\| (restart [^|]*) \|.*\| \*\*(\w+)\*\*", text, re.M)
+    assert verdicts == [
+        ("restart vs full replay, 1M keys", "met"),
+        ("restart vs full replay, 10M keys", "met"),
+        ("restart at 10M keys vs at 1M keys", "missed"),
+    ]
+    doc["benchmarks"] = _sized(doc, 1_000_000, 0.1) + _sized(doc, 10_000_000, 0.15)
+    verdicts = re.findall(
+        r"^\| (restart at [^|]*) \|.*\| \*\*(\w+)\*\*", render(doc, tmp_path), re.M
+    )
+    assert verdicts == [("restart at 10M keys vs at 1M keys", "met")]
