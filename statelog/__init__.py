@@ -21,6 +21,7 @@ import logging as _logging
 
 from statelog.errors import (
     AuditError,
+    ChangesUnavailableError,
     CompactorLockedError,
     CorruptionError,
     FencedError,
@@ -39,6 +40,7 @@ from statelog.errors import (
     StoreNotFoundError,
     WriteStallError,
 )
+from statelog.log.changes import Change, TableChange
 from statelog.ops import audit as _audit
 from statelog.recovery.report import Outcome, RecoveryReport, Rejection
 from statelog.sharding.partition import ShardMismatchError
@@ -58,6 +60,8 @@ _audit.install()
 
 __all__ = [
     "AuditError",
+    "Change",
+    "ChangesUnavailableError",
     "CompactorLockedError",
     "CorruptionError",
     "Durability",
@@ -84,6 +88,7 @@ __all__ = [
     "StoreLockedError",
     "StoreNotFoundError",
     "StoreOptions",
+    "TableChange",
     "Transaction",
     "WriteStallError",
     "__version__",

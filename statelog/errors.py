@@ -15,6 +15,7 @@ from pathlib import Path
 
 __all__ = [
     "AuditError",
+    "ChangesUnavailableError",
     "CompactorLockedError",
     "CorruptionError",
     "FencedError",
@@ -220,3 +221,23 @@ class FencedError(StatelogError):
         super().__init__(f"{message} (our generation {ours}, current {current})", hint=hint)
         self.ours = ours
         self.current = current
+
+
+class ChangesUnavailableError(StatelogError):
+    """The changes asked for are no longer in the retained log: compaction folded them away."""
+
+    hint = (
+        "load the state from a snapshot (statelog.open or `statelog restore`) and read "
+        "changes after its epoch, or keep more log with the compactor's --retain"
+    )
+
+    def __init__(self, path: Path, since: int, earliest: int, *, hint: str | None = None) -> None:
+        super().__init__(
+            f"{path}: the changes after epoch {since} are gone from the log; the oldest "
+            f"change still held is epoch {earliest} (read with since >= {earliest - 1})",
+            hint=hint,
+        )
+        self.path = path
+        self.since = since
+        self.earliest = earliest
+        """The oldest epoch whose change the retained log still holds."""

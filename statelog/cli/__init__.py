@@ -1,4 +1,4 @@
-"""The ``statelog`` command: inspect, verify, recover, compact, dump, audit, drill and restore.
+"""The ``statelog`` command: inspect, verify, recover, compact, dump, tail, audit, drill, restore.
 
 Each subcommand lives in its own module with ``add_parser`` and ``run``;
 :func:`main` parses, dispatches, and turns every error into one line on
@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from statelog.cli import audit, compact, drill, dump, inspect, recover, restore, verify
+from statelog.cli import audit, compact, drill, dump, inspect, recover, restore, tail, verify
 from statelog.cli.output import EXIT_CODES_HELP, EXIT_USAGE, CliParser, say_error
 from statelog.compaction.logfmt import KeyValueFormatter
 
@@ -30,6 +30,7 @@ _RUN: dict[str, Callable[[argparse.Namespace], int]] = {
     "audit": audit.run,
     "drill": drill.run,
     "restore": restore.run,
+    "tail": tail.run,
 }
 
 
@@ -61,15 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CliParser(
         prog="statelog",
         description="Operate statelog stores: see their state, verify every byte, plan or "
-        "run a recovery, compact, dump, read the audit trail, drill crash recovery, and "
-        "restore a store from its remote copy.",
+        "run a recovery, compact, dump, follow the log's changes, read the audit trail, "
+        "drill crash recovery, and restore a store from its remote copy.",
         epilog=EXIT_CODES_HELP + "\nSee docs/cli.md for every subcommand.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[_common(suppress=False)],
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     parents = [_common(suppress=True)]
-    for module in (inspect, verify, recover, compact, dump, audit, restore):
+    for module in (inspect, verify, recover, compact, dump, tail, audit, restore):
         module.add_parser(sub, parents)
     drill.add_parser(sub)
     return parser

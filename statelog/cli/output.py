@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 from statelog.compaction.delta import MAX_CHAIN_LIMIT, MAX_FULL_RATIO, ChainPolicy
 from statelog.errors import (
     AuditError,
+    ChangesUnavailableError,
     CompactorLockedError,
     CorruptionError,
     InvalidOptionError,
@@ -158,7 +159,7 @@ def add_chain_options(p: argparse.ArgumentParser) -> None:
 
 def exit_code_for(exc: BaseException) -> int:
     """The documented exit status for an error that ended a subcommand."""
-    if isinstance(exc, ResnapshotRequired):
+    if isinstance(exc, ResnapshotRequired | ChangesUnavailableError):
         return EXIT_UNRECOVERABLE
     if isinstance(exc, StoreNotFoundError | NotAStoreError | InvalidOptionError):
         return EXIT_USAGE

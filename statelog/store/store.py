@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 import types
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,11 +46,12 @@ from statelog.format.records import CommitRecord, TableDelta, encode_record
 from statelog.ops import metrics
 from statelog.recovery.readonly import ReadOnlyRecovery, recover_readonly
 from statelog.recovery.report import RecoveryReport
-from statelog.state.live import Key, LiveState, read_value
+from statelog.state.live import Key, LiveState
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
 from statelog.store.inproc import start_compactor
 from statelog.store.options import Durability, StoreOptions, check_store_path, resolve_options
+from statelog.store.reads import StoreReads
 from statelog.store.transaction import Transaction
 from statelog.store.validate import ENCODE_ERRORS, check_offsets, check_watermark, table_delta
 from statelog.store.writer import StoreWriter
@@ -68,7 +69,7 @@ Puts = Mapping[str, Any] | Mapping[bytes, Any] | Mapping[Key, Any]
 _EMPTY: Mapping[Any, Any] = types.MappingProxyType({})
 
 
-class StateStore:
+class StateStore(StoreReads):
     """A changelog-backed state store. Create with :func:`statelog.open`.
 
     One writer per store (an exclusive lock); any number of read-only opens.
@@ -280,61 +281,6 @@ class StateStore:
         if self._writer is None:
             return epoch <= self._state.epoch
         return self._writer.wait_durable(epoch, timeout)
-
-    @property
-    def durable_epoch(self) -> int:
-        """The highest epoch known to be synced to disk (for a read-only store: its epoch)."""
-        if self._writer is None:
-            return self._state.epoch
-        return self._writer.durable_epoch
-
-    # -- reading ---------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        """The epoch of the last commit (0 for a new store)."""
-        return self._state.epoch
-
-    @property
-    def offsets(self) -> dict[str, int]:
-        """A copy of the committed consumer offsets."""
-        with self._view:
-            return dict(self._state.offsets)
-
-    @property
-    def low_watermark_ms(self) -> int:
-        return self._state.low_watermark_ms
-
-    def get(self, key: Key, default: Any = None, table: str = "default") -> Any:
-        """The value of ``key`` in ``table`` (a fresh object), or ``default``.
-
-        :raises CorruptionError: the stored value does not decode (damage past every check).
-        """
-        with self._view:
-            raw = self._state.get(table, key)
-        return default if raw is None else read_value(raw, self.path, table, key)
-
-    def items(self, table: str = "default", prefix: Key | None = None) -> Iterator[tuple[Key, Any]]:
-        """``(key, value)`` pairs of ``table`` in key order (bytes keys first, then str).
-
-        The pairs are taken at the call, so later commits do not show up
-        mid-iteration; values are decoded as they are yielded.
-
-        :raises CorruptionError: a stored value does not decode (as :meth:`get`).
-        """
-        with self._view:
-            pairs = list(self._state.items(table, prefix))
-        for k, raw in pairs:
-            yield k, read_value(raw, self.path, table, k)
-
-    def count(self, table: str = "default") -> int:
-        """Number of live keys in ``table``."""
-        with self._view:
-            return self._state.count(table)
-
-    def tables(self) -> list[str]:
-        """Names of the tables that have ever been written."""
-        with self._view:
-            return self._state.tables()
 
     # -- closing ---------------------------------------------------------
     def close(self) -> None:
