@@ -21,8 +21,11 @@ Life of the daemon, in order:
    ship, compact, ship (:func:`statelog.remote.ship`; shipping first means
    local retention never deletes a segment the remote lacks, and a ship
    that fails fails the pass before it compacts). Then sleep ``--interval``
-   seconds. A pass that fails is logged at ERROR and retried next round. A
-   store fenced by a takeover (:class:`~statelog.errors.FencedError`) stops
+   seconds, unless some pass of the round wrote a snapshot: the writer may
+   have sealed more log meanwhile, so the next round starts at once, and a
+   busy store is folded back to back instead of an interval apart. A pass
+   that fails is logged at ERROR and retried next round. A store fenced by
+   a takeover (:class:`~statelog.errors.FencedError`) stops
    the daemon: exit 4.
 6. A store whose lock another compactor holds is logged (``event=locked``,
    ERROR) and skipped; the next round tries its lock again, so it is
@@ -234,7 +237,7 @@ def _run(
     )  # fmt: skip
     first = True
     while True:
-        failed = 0
+        failed = folded = 0
         # Stores another compactor held when this round tried them.
         locked: dict[Path, CompactorLockedError] = {}
         for store in stores:
@@ -247,8 +250,9 @@ def _run(
                 if status != EXIT_OK:
                     continue
             try:
-                if not _pass(store, args, files, locks[store], client):
-                    failed += 1
+                outcome = _pass(store, args, files, locks[store], client)
+                failed += outcome is None
+                folded += bool(outcome)
             except FencedError as exc:
                 log.error(
                     "%s",
@@ -278,7 +282,7 @@ def _run(
             _say_locked(locked, everything=True)
             return EXIT_LOCKED
         first = False
-        if signal.sigtimedwait(STOP_SIGNALS, args.interval) is not None:
+        if signal.sigtimedwait(STOP_SIGNALS, 0 if folded else args.interval) is not None:
             break
     log.info("%s", kv(event="stopped", reason="signal", pid=os.getpid()))
     return EXIT_OK
@@ -328,8 +332,10 @@ def _pass(
     files: FileLayer,
     lock: CompactorLock,
     client: RemoteClient | None,
-) -> bool:
-    """One pass over ``store`` (with ``client``: ship, compact, ship); False if it failed.
+) -> bool | None:
+    """One pass over ``store`` (with ``client``: ship, compact, ship).
+
+    :returns: whether it wrote a snapshot; None if it failed.
 
     :raises FencedError: shipping found the store taken over; nothing was uploaded
         by the call that found it.
@@ -337,7 +343,7 @@ def _pass(
     try:
         if client is not None:
             _ship(store, args, files, client)
-        compact(
+        result = compact(
             store,
             files=files,
             min_tail_bytes=args.min_tail_bytes,
@@ -355,11 +361,11 @@ def _pass(
         raise
     except (StatelogError, OSError) as exc:
         log.error("%s", kv(event="pass_failed", store=store, error=str(exc)))
-        return False
+        return None
     except Exception as exc:  # e.g. lmdb.Error (a full disk under the scratch image)
         log.error("%s", kv(event="pass_failed", store=store, error=repr(exc)), exc_info=True)
-        return False
-    return True
+        return None
+    return result.snapshot is not None
 
 
 def _ship(store: Path, args: argparse.Namespace, files: FileLayer, client: RemoteClient) -> None:

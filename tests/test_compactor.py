@@ -397,6 +397,30 @@ def test_once_exit_codes_and_log_lines(store_path: Path, tmp_path: Path) -> None
     assert helped.returncode == 0 and "3  a store is already being compacted" in helped.stdout
 
 
+def test_a_round_that_folded_is_followed_at_once_and_an_idle_one_sleeps(
+    store_path: Path,
+) -> None:
+    """After a pass that wrote a snapshot the daemon looks again at once (the writer
+    may have sealed more meanwhile); after one that folded nothing it sleeps."""
+    with statelog.open(store_path, segment_bytes=SEG) as s:
+        commits(s, 1, 40)
+    daemon = start_daemon("--interval", "60", "--min-tail-bytes", "0", store_path)
+    try:
+        started = time.monotonic()
+        seen = wait_for(daemon, "reason=nothing_new", timeout=20)
+        assert time.monotonic() - started < 20  # not a 60 s sleep after the folding pass
+        assert seen.index("event=snapshot_written") < seen.index("reason=nothing_new")
+        assert daemon.stderr is not None
+        time.sleep(2.0)
+        ready, _, _ = select.select([daemon.stderr.fileno()], [], [], 0)
+        more = os.read(daemon.stderr.fileno(), 65536).decode() if ready else ""
+        assert "event=compaction_skipped" not in more  # asleep for its interval: no third pass
+        assert "event=snapshot_written" not in more and seen.count("event=snapshot_written") == 1
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=10) == 0
+
+
 def test_second_daemon_exits_3_and_sigterm_stops_gracefully(store_path: Path) -> None:
     with statelog.open(store_path, segment_bytes=SEG) as s:
         commits(s, 1, 40)

@@ -68,9 +68,11 @@ class _ThreadCompactor:
             # daemon, and the engine adds 14-18 ms to every `import statelog`.
             from statelog.compaction.fold import compact
 
-            while not self._stop.wait(s.interval):
+            wait = s.interval
+            while not self._stop.wait(wait):
+                wait = s.interval
                 try:
-                    compact(
+                    result = compact(
                         store,
                         min_tail_bytes=s.min_tail_bytes,
                         retain=s.retain,
@@ -79,6 +81,8 @@ class _ThreadCompactor:
                         lock=self._lock,
                         stop=self._stop.is_set,
                     )
+                    if result.snapshot is not None:
+                        wait = 0  # more log may be sealed already: fold it back to back
                 except Exception:  # never let compaction take the writer down
                     log.exception("store=%s event=inprocess_compaction_failed", store)
 
