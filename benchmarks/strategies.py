@@ -33,7 +33,11 @@ def commit_checkpoint(store: statelog.StateStore, cp: Checkpoint) -> int:
     )
 
 
+# A 10%-dirty checkpoint of 10M keys is one record of about 140 MiB: over the
+# default max_record_bytes (64 MiB), which a reconciler with checkpoints that
+# large raises as well.
 _SMALL: dict[str, Any] = {"segment_bytes": 8 << 20, "min_tail_bytes": 8 << 20}
+_SMALL["max_record_bytes"] = 512 << 20
 _SMALL["compactor_interval"] = timedelta(seconds=1)  # the state here would not fill 64 MiB
 
 
