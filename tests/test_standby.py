@@ -27,6 +27,7 @@ import pytest
 import statelog
 from statelog.compaction.fold import compact
 from statelog.kit.workload import Stream, run_commit, store_digest
+from statelog.ops import metrics
 from tests.helpers import flip_bit, frames, segments
 
 STREAM = Stream(seed=5)
@@ -160,11 +161,16 @@ def test_a_damaged_source_segment_stops_the_standby_at_the_last_good_epoch(
     seg = segments(src)[2]
     first = int(seg.name.split("-")[1].split(".")[0], 16)
     flip_bit(seg, frames(seg)[0].offset + 30, 2)
+    label = {"store": metrics.store_label(copy)}
     with statelog.open(copy, follow=src, follow_poll=MANUAL) as sb:
         assert sb.epoch == first - 1
         assert store_digest(sb) == STREAM.model(first - 1).digest()
         assert sb.lag is not None and sb.lag.epochs > 0
         assert sb.recovery.outcome is not statelog.Outcome.CLEAN
+        scraped = metrics.REGISTRY.get_sample_value("statelog_standby_lag_epochs", label)
+        assert scraped == sb.lag.epochs
+        assert metrics.REGISTRY.get_sample_value("statelog_standby_lag_seconds", label) > 0
+    assert metrics.REGISTRY.get_sample_value("statelog_standby_lag_epochs", label) is None
 
 
 @pytest.mark.parametrize(

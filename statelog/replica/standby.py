@@ -20,7 +20,8 @@ serves reads from :attr:`Standby.state` and refuses commits until
 
 The lag (:class:`Lag`) is measured at each look: the epochs and log bytes the
 source held beyond what the standby had applied, and the seconds since the
-standby was last caught up.
+standby was last caught up; ``statelog_standby_lag_{epochs,bytes,seconds}``
+report it when scraped.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from statelog.errors import ChangesUnavailableError, CorruptionError, StatelogError
 from statelog.log.changes import read_records
+from statelog.ops import metrics
 from statelog.recovery.readonly import ReadOnlyRecovery, recover_readonly
 from statelog.replica.mirror import MirrorResult, mirror
 from statelog.state.live import LiveState
@@ -89,6 +91,7 @@ class Standby:
         self._lag = Lag(0, 0, 0.0)
         self._failed: str | None = None
         self._note_lag(first)
+        metrics.watch_lag(path, self._lag_sample)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.start()
@@ -107,6 +110,10 @@ class Standby:
         lag = self._lag
         behind = 0.0 if lag.epochs == 0 else time.monotonic() - self._caught_up
         return Lag(lag.epochs, lag.bytes, behind)
+
+    def _lag_sample(self) -> tuple[int, int, float]:
+        lag = self.lag
+        return lag.epochs, lag.bytes, lag.seconds
 
     def _run(self) -> None:
         while not self._stop.wait(self._poll):
@@ -181,4 +188,5 @@ class Standby:
     def close(self) -> None:
         """Stop following and unmap the state's base; the state must not be read after."""
         self.stop()
+        metrics.unwatch_lag(self.path)
         self._ro.close()
