@@ -255,3 +255,38 @@ def test_statelog_promote_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert doc["epoch"] == 24 and doc["offsets"] == model.offsets
     with statelog.open(copy) as promoted:
         assert store_digest(promoted) == model.digest()
+
+
+def test_a_source_that_cannot_be_read_refuses_promotion_unless_forced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The source's host is gone: nothing can tell a dead writer from an unreachable one."""
+    from statelog.cli import main as cli_main
+
+    src, copy, away = tmp_path / "src", tmp_path / "copy", tmp_path / "away"
+    with statelog.open(src, **SMALL) as w:
+        commit_range(w, 1, 30)
+    with statelog.open(copy, follow=src, follow_poll=MANUAL) as sb:
+        src.rename(away)
+        with pytest.raises(statelog.PromotionRefusedError) as err:
+            sb.promote()
+        assert "force=True" in err.value.hint and sb.standby and sb.epoch == 29
+        away.rename(src)
+        with statelog.open(src, **SMALL) as w:
+            commit_range(w, 30, 35)
+        assert sb.catch_up().epochs == 0 and sb.epoch == 34  # it still follows
+        src.rename(away)
+        promoted = sb.promote(force=True)
+        assert promoted.epoch == 34 and not sb.standby
+        commit_range(sb, 35, 37)
+    away.rename(src)
+    with statelog.open(src, **SMALL) as w:
+        commit_range(w, 35, 40)
+    other = tmp_path / "copy2"
+    with statelog.open(other, follow=src, follow_poll=MANUAL):
+        pass
+    src.rename(away)
+    assert cli_main(["promote", str(other), "--source", str(src)]) == 5
+    assert "PromotionRefusedError" in capsys.readouterr().err
+    assert cli_main(["promote", str(other), "--source", str(src), "--force"]) == 0
+    assert "at epoch 39" in capsys.readouterr().out

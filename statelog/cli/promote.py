@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from statelog.cli.output import EXIT_OK
+from statelog.errors import PromotionRefusedError, StorageError, StoreNotFoundError
+from statelog.store.standby_role import Promotion
 from statelog.store.store import open as open_store
 
 __all__ = ["add_parser", "run"]
@@ -32,20 +34,36 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         description="Catch the copy at COPY up with SOURCE one last time, then make it a "
         "store its own writer opens, and print the epoch, offsets and watermark to resume "
         "from. Exit 0 promoted; 4 the source's writer still holds its lock, or a standby "
-        "or writer holds the copy's (nothing changed but the catch-up); 3 SOURCE holds no "
-        "store or COPY holds another store.",
+        "or writer holds the copy's (nothing changed but the catch-up); 5 SOURCE cannot be "
+        "read (--force promotes the copy as it is); 3 COPY holds another store.",
     )
     p.add_argument("copy", type=Path, metavar="COPY", help="the standby's store directory")
     p.add_argument(
         "--source", type=Path, required=True, metavar="SOURCE", help="the store it follows"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="promote even if SOURCE cannot be read (its host is gone): the copy as its "
+        "standby last saw it; only when the source's writer is certainly dead",
     )
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
 
 def run(args: argparse.Namespace) -> int:
     """Promote ``args.copy``; print where the writer resumes; return the exit status."""
-    with open_store(args.copy, follow=args.source) as store:
-        promoted = store.promote()
+    try:
+        store = open_store(args.copy, follow=args.source)
+    except (StoreNotFoundError, StorageError) as exc:
+        if not args.force or not (args.copy / "IDENTITY").exists():
+            raise PromotionRefusedError(f"{args.source} cannot be read: {exc}") from exc
+        store = open_store(args.copy)  # the copy as it is: its writer's open recovers it
+    with store:
+        promoted = (
+            store.promote(force=args.force)
+            if store.standby
+            else Promotion(store.epoch, store.offsets, store.low_watermark_ms)
+        )
     doc = {
         "store": str(args.copy),
         "epoch": promoted.epoch,

@@ -10,7 +10,9 @@ Promotion (:meth:`StandbyRole.promote`), in order, holding the commit lock so
 that no commit can start half-way:
 
 1. stop following, then one last look at the source (what it published
-   since the last look is copied and applied);
+   since the last look is copied and applied); a source that cannot be read
+   (its host is gone) refuses the promotion unless it is forced, since
+   nothing can then tell a dead writer from an unreachable one;
 2. refuse, changing nothing but that catch-up, while the source's writer
    still holds the source's ``LOCK`` (on one host, or where the shared file
    system carries ``flock``);
@@ -30,12 +32,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import logging
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from statelog.errors import InvalidOptionError, StoreClosedError, StoreLockedError
+from statelog.errors import (
+    InvalidOptionError,
+    PromotionRefusedError,
+    StatelogError,
+    StoreClosedError,
+    StoreLockedError,
+)
 from statelog.recovery.report import RecoveryReport
 from statelog.replica.standby import Lag, Standby
 from statelog.state.live import LiveState
@@ -47,6 +56,8 @@ from statelog.store.writer import StoreWriter
 from statelog.store.writer_open import open_writer
 
 __all__ = ["Promotion", "StandbyRole"]
+
+log = logging.getLogger("statelog.store.standby_role")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,16 +133,20 @@ class StandbyRole:
         standby.step()
         return standby.lag
 
-    def promote(self) -> Promotion:
+    def promote(self, *, force: bool = False) -> Promotion:
         """Turn this standby into the writer of its copy (steps in the module docstring).
 
+        :param force: promote even when the source cannot be read one last time (its
+            host is gone): the copy's state is promoted as its last look left it. Only
+            when the source's writer is certainly dead: nothing can check it then.
         :returns: the epoch, offsets and watermark the reconciler resumes from.
         :raises InvalidOptionError: this store is not a standby.
         :raises StoreClosedError: the store is closed.
         :raises StoreLockedError: the source's writer still holds its lock; the standby
-            goes on following.
-        :raises StatelogError: the last look or the writer's open failed (a failed open
-            leaves the store closed).
+            goes on following, nothing was changed.
+        :raises PromotionRefusedError: the source could not be read and ``force`` is
+            False; the standby goes on following, nothing was changed.
+        :raises StatelogError: the writer's open failed (the store is left closed).
         """
         with self._lock:
             if self._closed:
@@ -142,10 +157,9 @@ class StandbyRole:
                     f"store {self.path} is not a standby", hint="open it with follow=SOURCE"
                 )
             standby.stop()
-            standby.step()
             try:
-                _check_source_free(standby.source)
-            except StoreLockedError:
+                _last_look(standby, force=force)
+            except StatelogError:
                 standby.start()
                 raise
             return self._become_writer(standby)
@@ -168,6 +182,29 @@ class StandbyRole:
             self._writer = opened.writer
             self._options, self.readonly, self.recovery = opts, False, opened.recovery
             return Promotion(state.epoch, dict(state.offsets), state.low_watermark_ms)
+
+
+def _last_look(standby: Standby, *, force: bool) -> None:
+    """Steps 1 and 2: catch up with the source, and make sure its writer is gone.
+
+    :raises StoreLockedError: the source's writer holds its lock.
+    :raises PromotionRefusedError: the source cannot be read (and not ``force``).
+    """
+    try:
+        standby.step()
+        _check_source_free(standby.source)
+    except StoreLockedError:
+        raise
+    except (StatelogError, OSError) as exc:
+        if not force:
+            raise PromotionRefusedError(
+                f"the source {standby.source} of standby {standby.path} could not be read "
+                f"one last time: {exc}"
+            ) from exc
+        log.warning(
+            "event=promote_forced store=%s source=%s epoch=%d error=%s",
+            standby.path, standby.source, standby.state.epoch, exc,
+        )  # fmt: skip
 
 
 def _check_source_free(source: Path) -> None:
