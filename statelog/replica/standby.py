@@ -6,8 +6,12 @@ serves reads from :attr:`Standby.state` and refuses commits until
 
 1. :func:`~statelog.replica.mirror.mirror` copies the source into ``path`` (its
    snapshots, its sealed segments, the verified prefix of its live segment);
-   the copy is recovered read-only (:func:`~statelog.recovery.readonly.recover_readonly`,
-   every snapshot and record verified): that state is what readers see.
+   the copy is recovered without repairs (:func:`~statelog.recovery.ladder.recover_store`,
+   every snapshot and record verified): that state is what readers see. Its
+   snapshot images are built from the copied snapshots into ``path/base``,
+   stamped, as a writer's are (the source's images are never copied: an LMDB
+   image is trusted completely by LMDB, so one from another host is never
+   mapped), so a promoted writer maps them instead of building them again.
 2. A thread looks again every ``poll``: :meth:`Standby.step`. When the look
    copied a snapshot (or the source had cut its tail), the copy is recovered
    again in the thread and the new state installed under the store's view lock:
@@ -36,10 +40,12 @@ from pathlib import Path
 from statelog.errors import ChangesUnavailableError, CorruptionError, StatelogError
 from statelog.log.changes import read_records
 from statelog.ops import metrics
-from statelog.recovery.readonly import ReadOnlyRecovery, recover_readonly
+from statelog.recovery.ladder import recover_store
+from statelog.recovery.report import RecoveryReport
 from statelog.replica.mirror import MirrorResult, mirror
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import StoreLayout
 
 __all__ = ["Lag", "Standby"]
 
@@ -82,10 +88,9 @@ class Standby:
         self._files = files or FileLayer()
         self._view, self._install, self._poll = view, install, poll
         first = mirror(source, path, self._files)
-        self._ro: ReadOnlyRecovery = recover_readonly(path, files=self._files)
-        self.state = self._ro.state
-        self.store_id = self._ro.store_id
-        self.report = self._ro.report
+        self._layout = StoreLayout(path)
+        self.store_id = self._layout.read_identity(self._files)
+        self.state, self.report = self._recover_copy()
         self._steps = threading.Lock()  # one look at a time: the thread's or promote's
         self._caught_up = time.monotonic()
         self._lag = Lag(0, 0, 0.0)
@@ -162,15 +167,28 @@ class Standby:
         finally:
             records.close()
 
+    def _recover_copy(self) -> tuple[LiveState, RecoveryReport]:
+        """The copy recovered into a fresh state, its images in ``path/base``, nothing cut."""
+        state = LiveState()
+        try:
+            report, _end = recover_store(
+                self._files, self._layout, self.store_id, state,
+                image_dir=self._layout.base, repair=False,
+            )  # fmt: skip
+        except BaseException:
+            state.base.close()
+            raise
+        return state, report
+
     def _recover(self) -> None:
-        """Recover the copy again and install its state; the old one is closed after."""
-        ro = recover_readonly(self.path, files=self._files)
+        """Recover the copy again and install its state; the old one is closed after
+        (its reads in flight end first: the base waits for them)."""
+        state, report = self._recover_copy()
         with self._view:
-            old, self._ro = self._ro, ro
-            self.state, self.report = ro.state, ro.report
-            self._install(ro.state)
-        old.close()
-        log.info("event=standby_recovered store=%s epoch=%d", self.path, ro.state.epoch)
+            old, self.state, self.report = self.state, state, report
+            self._install(state)
+        old.base.close()
+        log.info("event=standby_recovered store=%s epoch=%d", self.path, state.epoch)
 
     def _note_lag(self, result: MirrorResult) -> None:
         behind = max(0, result.source_epoch - self.state.epoch)
@@ -189,4 +207,4 @@ class Standby:
         """Stop following and unmap the state's base; the state must not be read after."""
         self.stop()
         metrics.unwatch_lag(self.path)
-        self._ro.close()
+        self.state.base.close()
