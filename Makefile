@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo crash-demo test lint typecheck unit stress bench bench-quick clean
+.PHONY: demo crash-demo failover-demo test lint typecheck unit stress bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,9 @@ demo: $(STAMP)
 
 crash-demo: $(STAMP)
 	$(PY) examples/crash_demo.py
+
+failover-demo: $(STAMP)
+	$(PY) examples/failover_demo.py
 
 test: $(STAMP) lint typecheck unit
 

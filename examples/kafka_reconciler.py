@@ -32,7 +32,7 @@ import signal
 import sys
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -484,6 +484,18 @@ class ShardedMember:
         """Close every shard and the root; close the consumer after this."""
         self.owned.clear()
         self.sharded.close()
+
+
+def buffer_activity(store: statelog.StateStore, since: int) -> Iterator[tuple[int, int, int]]:
+    """``(epoch, entries put, entries closed)`` of the buffer, per checkpoint after ``since``.
+
+    What a downstream job (an audit copy, a dashboard) follows through the store's
+    changes feed instead of polling the store; it keeps the last epoch it handled.
+    """
+    for change in store.changes(since=since):
+        buffer = change.tables.get("buffer")
+        if buffer is not None:
+            yield change.epoch, len(buffer.puts), len(buffer.deletes)
 
 
 # -- the program --------------------------------------------------------------------

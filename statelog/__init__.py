@@ -29,6 +29,7 @@ from statelog.errors import (
     InvalidCommitError,
     InvalidOptionError,
     NotAStoreError,
+    PromotionRefusedError,
     ReadOnlyStoreError,
     RemoteError,
     ResnapshotRequired,
@@ -43,9 +44,11 @@ from statelog.errors import (
 from statelog.log.changes import Change, TableChange
 from statelog.ops import audit as _audit
 from statelog.recovery.report import Outcome, RecoveryReport, Rejection
+from statelog.replica.standby import Lag
 from statelog.sharding.partition import ShardMismatchError
 from statelog.sharding.sharded import ShardCommitError, ShardedStore, ShardOpenError
 from statelog.store.options import StoreOptions
+from statelog.store.standby_role import Promotion
 from statelog.store.store import Durability, StateStore, open
 from statelog.store.transaction import Transaction
 
@@ -69,8 +72,11 @@ __all__ = [
     "FormatVersionError",
     "InvalidCommitError",
     "InvalidOptionError",
+    "Lag",
     "NotAStoreError",
     "Outcome",
+    "Promotion",
+    "PromotionRefusedError",
     "ReadOnlyStoreError",
     "RecoveryReport",
     "Rejection",

@@ -23,6 +23,7 @@ __all__ = [
     "InvalidCommitError",
     "InvalidOptionError",
     "NotAStoreError",
+    "PromotionRefusedError",
     "ReadOnlyStoreError",
     "RemoteError",
     "ResnapshotRequired",
@@ -241,3 +242,13 @@ class ChangesUnavailableError(StatelogError):
         self.since = since
         self.earliest = earliest
         """The oldest epoch whose change the retained log still holds."""
+
+
+class PromotionRefusedError(StatelogError):
+    """A standby cannot be promoted safely: its source could not be read one last time."""
+
+    hint = (
+        "if the source's writer is certainly dead (its host down or fenced), promote with "
+        "force=True (`statelog promote --force`): the copy's state is promoted as it is, "
+        "without the commits after its last look; nothing was changed"
+    )

@@ -427,8 +427,8 @@ def series(root: Path) -> dict[str, float]:
 @pytest.mark.parametrize(
     ("chain_limits", "kind", "depth"),
     [({"full_ratio": 10.0}, "delta", 3), ({"max_chain": 0}, "full", 0),
-     ({"max_chain": 2}, "full", 0)],
-    ids=["delta-pass", "full-merge-max-chain-0", "full-merge-chain-at-limit"],
+     ({"max_chain": 2, "full_ratio": 10.0}, "delta", 1), ({"full_ratio": 0.01}, "full", 0)],
+    ids=["delta-pass", "full-merge-max-chain-0", "rebase-chain-at-limit", "full-merge-by-bytes"],
 )  # fmt: skip
 def test_metrics_count_each_pass_by_kind_and_gauge_the_chain(
     chain_limits: dict[str, Any], kind: str, depth: int, chain: Chain

@@ -288,6 +288,9 @@ def test_tail_follow_prints_new_commits_until_interrupted(tmp_path: Path) -> Non
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A test worker may ignore SIGINT, and a child inherits that: give it back
+        # the default, as a shell does, so that Ctrl-C reaches the command.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stdout is not None

@@ -148,7 +148,8 @@ def _check_retained(root: Path, retain: int, pinned: set[str]) -> None:
     assert covered == [] or covered[0] in pinned, covered
 
 
-# (max_chain, full_ratio) of each pass: deltas, merges by length and by bytes
+# (max_chain, full_ratio) of each pass: deltas, chains at their length merged into
+# one delta on the full snapshot (a rebase: depth 1 again), full merges by bytes
 PASSES = [(0, 0.5), (3, 10.0), (3, 10.0), (3, 10.0), (3, 10.0), (3, 10.0), (8, 0.01),
           (8, 10.0), (8, 10.0), (1, 10.0), (1, 10.0), (0, 0.5), (4, 10.0), (4, 10.0)]  # fmt: skip
 
@@ -180,7 +181,7 @@ def test_retention_keeps_whole_chains_and_the_log_from_the_oldest_restore_point(
             _check_retained(root, retain, pinned)
             with statelog.open(root, readonly=True) as ro:
                 assert contents(ro) == model.state() and ro.epoch == model.epoch
-    assert kinds == [0, 1, 2, 3, 0, 1, 0, 1, 2, 0, 1, 0, 1, 2]
+    assert kinds == [0, 1, 2, 3, 1, 2, 0, 1, 2, 1, 1, 0, 1, 2]
 
 
 # -- format 1 -------------------------------------------------------------------------------------
@@ -215,3 +216,49 @@ def test_a_format_1_base_keeps_opening_and_is_followed_by_a_full_snapshot(tmp_pa
     with statelog.open(root) as store:
         assert store.recovery.snapshot == after.snapshot
         assert contents(store) == model.state()
+
+
+# -- rebase: a chain at its length merged into one delta on its full snapshot -----------------
+
+
+def test_a_chain_at_its_length_is_merged_into_one_delta_on_the_full_snapshot(
+    tmp_path: Path,
+) -> None:
+    """A key of the full snapshot deleted in delta 1, one put in delta 1 and deleted in
+    delta 2, one put in delta 2 and re-put by the tail: after the rebase the state is the
+    model's in every view, the delta rests on the full snapshot, and holds no more than
+    the deltas and the tail did."""
+    root, model = tmp_path / "store", Model()
+    chain = {"max_chain": 2, "full_ratio": 10.0, "retain": 10}
+    with statelog.open(root, segment_bytes=SEG) as store:
+        model.commit(store, {"in-full": 1, "kept": 2}, table="default")
+        _filler(store, model, "a")
+        full = _swapped(store, **FULL)
+        model.commit(store, {"born-in-1": 3}, delete=("in-full",))
+        _filler(store, model, "b")
+        first = _swapped(store, **chain)
+        model.commit(store, {"born-in-2": 4}, delete=("born-in-1",))
+        _filler(store, model, "c")
+        second = _swapped(store, **chain)
+        assert (first.depth, second.depth) == (1, 2)
+        model.commit(store, {"born-in-2": 5, "tail": 6})
+        _filler(store, model, "d")
+        result = passed(root, **chain)
+        rebased = verify_snapshot(FILES, result.snapshot, store_id=None)
+        assert rebased.delta is not None and rebased.depth == 1
+        assert rebased.delta.parent == list_snapshots(root / "snapshots")[-1][2].name
+        assert rebased.delta.parent_sha256 == full.sha256
+        assert rebased.body_bytes <= first.body_bytes + second.body_bytes + 64 * 1024
+        assert rebased.tables == {t: len(kv) for t, kv in model.state().items()}
+        writer = store._writer
+        assert writer is not None and writer.watcher is not None
+        writer.watcher.check()
+        assert writer.state.base_epoch == rebased.lsn
+        for key in ("in-full", "born-in-1", "born-in-2", "tail", "kept"):
+            _views(root, model, store, key, "default")
+    _views(root, model, None, "born-in-2", "default")
+    with statelog.open(root, segment_bytes=SEG) as store:  # more deltas on the rebased one
+        model.commit(store, {"in-full": 7})
+        _filler(store, model, "e")
+        assert _swapped(store, **chain).depth == 2
+        _views(root, model, store, "in-full", "default")

@@ -1,9 +1,11 @@
-"""SIGKILL a real compactor at every durable step of a delta pass and of a full merge.
+"""SIGKILL a real compactor at every durable step of a delta pass, a rebase and a full merge.
 
 Each store starts from the same template: a full snapshot and, for the
-merge, a delta on it; then a sealed tail that the daemon's default policy
-(``max_chain`` 8, ``full_ratio`` 0.5) writes as a delta (a small tail) or
-as a full merge of the chain (a tail heavier than half the full body). A
+merge and the rebase, a delta on it; then a sealed tail that the daemon's
+default policy (``max_chain`` 8, ``full_ratio`` 0.5) writes as a delta (a
+small tail) or as a full merge of the chain (a tail heavier than half the
+full body), or that ``--max-chain 1`` merges with the delta into one delta
+on the full snapshot (a rebase). A
 ``python -m compactor --once`` process is killed by the kit's fault layer
 at its K-th durable step, for K = 1, 2, ... until a pass runs to its end.
 After every kill:
@@ -37,6 +39,10 @@ from tests.test_compactor import PY, REPO
 
 SCRIPT = Path(__file__).with_name("compactor_stream.py")
 ARGS = ["--once", "--min-tail-bytes", "0", "--retain", "2"]
+POLICY: dict[str, dict[str, Any]] = {
+    "delta": {}, "full": {}, "rebase": {"max_chain": 1, "full_ratio": 10.0},
+}  # fmt: skip
+"""The chain settings of the killed pass and of the one after it, per kind."""
 
 
 def _heavy_round(root: Path, model: Model) -> None:
@@ -59,14 +65,18 @@ def _template(root: Path, kind: str) -> tuple[Model, dict[int, Any]]:
         commit_round(root, model, 1)
         assert passed(root).depth == 1
         states[model.epoch] = model.state()
-        _heavy_round(root, model)
+        if kind == "full":
+            _heavy_round(root, model)
+        else:
+            commit_round(root, model, 2)
     states[model.epoch] = model.state()
     return model, states
 
 
-def _die_at(store: Path, k: int) -> int:
+def _die_at(store: Path, k: int, kind: str) -> int:
+    policy = [f"--{n.replace('_', '-')}={v}" for n, v in POLICY[kind].items()]
     done = subprocess.run(
-        [PY, str(SCRIPT), "die-at", str(k), "--", *ARGS, str(store)],
+        [PY, str(SCRIPT), "die-at", str(k), "--", *ARGS, *policy, str(store)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -86,7 +96,7 @@ def _check_after_kill(root: Path, model: Model, states: dict[int, Any], scratch:
         assert ro.epoch == model.epoch and contents(ro) == model.state()
 
 
-@pytest.mark.parametrize("kind", ["delta", "full"])
+@pytest.mark.parametrize("kind", ["delta", "full", "rebase"])
 def test_sigkill_at_every_step_of_a_pass_leaves_the_model(tmp_path: Path, kind: str) -> None:
     template = tmp_path / "template"
     model, states = _template(template, kind)
@@ -94,13 +104,13 @@ def test_sigkill_at_every_step_of_a_pass_leaves_the_model(tmp_path: Path, kind: 
     for k in range(1, 80):
         root = tmp_path / f"k{k}"
         shutil.copytree(template, root, symlinks=True)
-        code = _die_at(root, k)
+        code = _die_at(root, k, kind)
         _check_after_kill(root, model, states, tmp_path / "x")
         newest = list_snapshots(root / "snapshots")[0][2]
         wrote = verify_snapshot(FileLayer(), newest, store_id=None)
         if wrote.epoch == model.epoch:  # the killed pass wrote its snapshot: of that kind
-            assert wrote.depth == (1 if kind == "delta" else 0), (k, wrote)
-        result = compact(root, retain=2)
+            assert wrote.depth == (0 if kind == "full" else 1), (k, wrote)
+        result = compact(root, retain=2, **POLICY[kind])
         if wrote.epoch == model.epoch:
             assert result.skipped == "nothing_new", (k, result)
         else:

@@ -65,3 +65,20 @@ def test_streams_are_a_pure_function_of_the_seed() -> None:
     a, b, c = generate(3, 500), generate(3, 500), generate(4, 500)
     assert a == b and a != c
     assert a.events > 500  # most entities appear on both sides
+
+
+def test_small_failover_demo_promotes_the_standby_with_identical_verdicts(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "examples/failover_demo.py", "--entities", "3000", "--seed", "5",
+         "--keep", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verdict tables identical" in done.stdout and "yes" in done.stdout
+    assert reconciler_demo.verdicts(tmp_path / "failover.sqlite") == reconciler_demo.verdicts(
+        tmp_path / "ref.sqlite"
+    )
+    starts = (tmp_path / "starts.jsonl").read_text().splitlines()
+    assert len(starts) == 2  # the primary's reconciler, then the one on the promoted standby

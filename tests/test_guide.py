@@ -297,6 +297,13 @@ def test_a_crash_free_run_writes_exactly_the_verdicts_of_the_input(
     assert c.assigns[0] == [TopicPartition(t, p) for t in kr.TOPICS for p in range(PARTITIONS)]
     assert {tp.offset for tp in c.assigns[0]} == {OFFSET_BEGINNING}
     sink.close()
+    # The buffer's activity, read back through the changes feed: every checkpoint's
+    # puts and closes, and the closes add up to one per verdict.
+    with statelog.open(tmp_path / "store", readonly=True) as store:
+        activity = list(kr.buffer_activity(store, since=0))
+        assert [e for e, _p, _c in activity] == sorted({e for e, _p, _c in activity})
+        assert sum(closed for _e, _p, closed in activity) == len(expected)
+        assert list(kr.buffer_activity(store, since=store.epoch)) == []
 
 
 CRASHES = {  # (crash before sink write N, after sink write N, at Kafka commit N, lives)

@@ -90,7 +90,8 @@ def chained_store(
         with statelog.open(src, segment_bytes=SEG) as st:
             for i in range(r * 40 + 1, r * 40 + 41):
                 _commit(st, model, states, i)
-        compact(src, retain=50, max_chain=max_chain, full_ratio=10.0)
+        full = r % (max_chain + 1) == 0  # a chain at its length would be rebased instead
+        compact(src, retain=50, max_chain=0 if full else max_chain, full_ratio=10.0)
         ship(src, remote.url, client=client)
     with statelog.open(src, segment_bytes=SEG) as st:  # a tail after the last snapshot
         for i in range(10_000, 10_030):

@@ -43,6 +43,8 @@ DOCUMENTED_DEFAULTS: dict[str, Any] = {
     "overlay_wait": timedelta(seconds=60),
     "remote": None,
     "remote_check": timedelta(seconds=5),
+    "follow": None,
+    "follow_poll": timedelta(milliseconds=500),
     "file_layer": None,
 }
 

@@ -1,4 +1,5 @@
-"""The ``statelog`` command: inspect, verify, recover, compact, dump, tail, audit, drill, restore.
+"""The ``statelog`` command: inspect, verify, recover, compact, dump, tail, audit, drill,
+restore and promote.
 
 Each subcommand lives in its own module with ``add_parser`` and ``run``;
 :func:`main` parses, dispatches, and turns every error into one line on
@@ -13,7 +14,18 @@ import os
 import sys
 from collections.abc import Callable
 
-from statelog.cli import audit, compact, drill, dump, inspect, recover, restore, tail, verify
+from statelog.cli import (
+    audit,
+    compact,
+    drill,
+    dump,
+    inspect,
+    promote,
+    recover,
+    restore,
+    tail,
+    verify,
+)
 from statelog.cli.output import EXIT_CODES_HELP, EXIT_USAGE, CliParser, say_error
 from statelog.compaction.logfmt import KeyValueFormatter
 
@@ -31,6 +43,7 @@ _RUN: dict[str, Callable[[argparse.Namespace], int]] = {
     "drill": drill.run,
     "restore": restore.run,
     "tail": tail.run,
+    "promote": promote.run,
 }
 
 
@@ -63,14 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="statelog",
         description="Operate statelog stores: see their state, verify every byte, plan or "
         "run a recovery, compact, dump, follow the log's changes, read the audit trail, "
-        "drill crash recovery, and restore a store from its remote copy.",
+        "drill crash recovery, restore a store from its remote copy, and promote a standby.",
         epilog=EXIT_CODES_HELP + "\nSee docs/cli.md for every subcommand.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[_common(suppress=False)],
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     parents = [_common(suppress=True)]
-    for module in (inspect, verify, recover, compact, dump, tail, audit, restore):
+    for module in (inspect, verify, recover, compact, dump, tail, audit, restore, promote):
         module.add_parser(sub, parents)
     drill.add_parser(sub)
     return parser

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from statelog.compaction.replay import Folding
 from statelog.errors import InvalidOptionError
@@ -36,12 +37,15 @@ from statelog.storage.levels import Chain
 from statelog.storage.snapshot_body import TOMBSTONE, StreamBuild, stream_delta
 from statelog.storage.snapshots import SnapshotMeta
 
+PassKind = Literal["delta", "rebase", "full"]
+
 __all__ = [
     "MAX_CHAIN_LIMIT",
     "MAX_FULL_RATIO",
     "ChainPolicy",
     "Changes",
     "DeltaPlan",
+    "PassKind",
     "delta_meta",
     "plan_delta",
 ]
@@ -54,10 +58,11 @@ MAX_FULL_RATIO = 10.0
 
 @dataclass(frozen=True)
 class ChainPolicy:
-    """When a pass writes a full snapshot instead of a delta.
+    """What a pass writes: a delta, a delta merged down onto the full snapshot, or a full one.
 
     ``max_chain``: the most deltas above a full snapshot (0: every pass
-    writes a full snapshot, as a store without deltas does).
+    writes a full snapshot, as a store without deltas does); a chain that
+    long is merged into one delta on its full snapshot.
     ``full_ratio``: a full snapshot is written once the chain's delta bytes,
     this pass's tail included, would exceed this fraction of the full
     snapshot's body.
@@ -97,19 +102,26 @@ class ChainPolicy:
             )
         return cls(max_chain, float(full_ratio))
 
-    def wants_full(self, parent: SnapshotMeta, tail_bytes: int, *, portable: bool) -> bool:
-        """Whether a pass on ``parent`` with a tail of ``tail_bytes`` log bytes merges.
+    def choose(self, parent: SnapshotMeta, tail_bytes: int, *, portable: bool) -> PassKind:
+        """What a pass on ``parent`` with a tail of ``tail_bytes`` log bytes writes.
 
-        The tail's log bytes stand in for the delta's body (an upper bound:
-        the delta holds each changed key once). A format-1 parent (not
-        ``portable``) is always merged, so no delta ever rests on one.
+        ``"full"``: the chain's deltas and the tail would outweigh ``full_ratio`` of
+        the full snapshot's body, or ``max_chain`` is 0, or the full snapshot is of
+        format 1 (not ``portable``: no delta ever rests on one). ``"rebase"``: the
+        chain is ``max_chain`` deltas long but still light: its deltas and the tail
+        are merged into one delta on the full snapshot (the cost of the deltas, not
+        of the state). ``"delta"``: a delta on top of ``parent``. The tail's log
+        bytes stand in for the delta's body (an upper bound: a delta holds each
+        changed key once).
         """
-        if not portable or parent.depth + 1 > self.max_chain:
-            return True
+        if not portable or self.max_chain == 0:
+            return "full"
         link = parent.delta
         chain_bytes = link.chain_bytes if link is not None else 0
         full_bytes = link.full_bytes if link is not None else parent.body_bytes
-        return chain_bytes + tail_bytes > self.full_ratio * full_bytes
+        if chain_bytes + tail_bytes > self.full_ratio * full_bytes:
+            return "full"
+        return "rebase" if parent.depth + 1 > self.max_chain else "delta"
 
 
 class Changes:
@@ -117,6 +129,11 @@ class Changes:
 
     def __init__(self) -> None:
         self.tables: dict[str, dict[bytes, bytes | None]] = {}
+
+    def load_level(self, table: str, pairs: Iterable[tuple[bytes, bytes]]) -> None:
+        """Apply one delta image's entries of ``table`` (a :data:`TOMBSTONE` a delete)."""
+        entries = self.tables.setdefault(table, {})
+        entries.update((k, None if v == TOMBSTONE else v) for k, v in pairs)
 
     def apply_batch(self, deltas: Iterable[Delta]) -> None:
         """Apply deltas in order, each its deletes before its puts (as a commit does)."""

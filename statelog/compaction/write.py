@@ -141,8 +141,11 @@ def _fold_from(
     try:
         meta = chain.meta
         start = Start(Changes(), dict(meta.offsets), meta.low_watermark_ms, meta.chain)
-        if not p.policy.wants_full(meta, p.tail_bytes, portable=_portable(chain.snapshots[0])):
+        kind = p.policy.choose(meta, p.tail_bytes, portable=_portable(chain.snapshots[0]))
+        if kind == "delta":
             return _delta(p, chain, layered, base_lsn, tail, start)
+        if kind == "rebase":
+            return _rebase(p, chain, layered, base_lsn, tail, start)
         return _merge(p, chain, layered, base_lsn, tail, start, work)
     finally:
         layered.close()
@@ -272,6 +275,49 @@ def _delta(
     plan.build_image(image)
     publish_image(p.files, image, p.layout.base, path, written, keep=chain.names)
     return _done(p, path, written, base, base_lsn, fold)
+
+
+def _rebase(
+    p: Pass,
+    chain: Chain,
+    layered: LayeredBase,
+    base_lsn: int,
+    tail: tuple[SegmentInfo, ...],
+    start: Start,
+) -> CompactionResult | None:
+    """Merge the chain's deltas and the tail into one delta on the chain's full snapshot.
+
+    The deltas' entries are loaded oldest first, then the tail folded over them,
+    so the newest change of each key wins; the delta is then planned against the
+    full image alone (a delete of a key it lacks dropped, counts moved from its
+    counts). Reads and writes what the deltas and the tail hold, never the state.
+    """
+    assert isinstance(start.target, Changes)
+    changes = start.target
+    for level in layered.levels[1:]:
+        for table in level.tables():
+            for chunk in level.raw_chunks(table):
+                changes.load_level(table, chunk)
+    p.bytes_read += sum(s.stat().st_size for s in chain.snapshots[1:])
+    newest = chain.snapshots[-1]
+    fold = _folded(p, start, newest, base_lsn, tail)
+    if not isinstance(fold, Folding):
+        return fold
+    full = Chain(chain.snapshots[:1], chain.metas[:1], chain.images[:1])
+    below = LayeredBase(full.images, full.meta.tables)
+    try:
+        plan = plan_delta(below, full.meta, changes)
+    finally:
+        below.close()
+    meta = delta_meta(full, fold, plan)
+    path, written = write_delta_snapshot(
+        p.files, p.layout.snapshots, meta, plan.stream, scratch=p.scratch, level=p.level
+    )
+    mark_verified(path)
+    image = p.scratch / "delta.mdb"
+    plan.build_image(image)
+    publish_image(p.files, image, p.layout.base, path, written, keep=full.names)
+    return _done(p, path, written, newest, base_lsn, fold)
 
 
 def _done(

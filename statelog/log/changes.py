@@ -58,7 +58,7 @@ from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
 from statelog.storage.pins import PIN_DIR, pin
 
-__all__ = ["Change", "TableChange", "read_changes"]
+__all__ = ["Change", "LogRecord", "TableChange", "read_changes", "read_records"]
 
 log = logging.getLogger("statelog.log.changes")
 
@@ -110,6 +110,20 @@ def _change(rec: CommitRecord, path: Path, offset: int) -> Change:
     except DECODE_ERRORS as exc:  # decode_record checked every value: damage past the checks
         raise CorruptionError(path, offset, f"a value does not decode: {exc}", hint=_HINT) from exc
     return Change(rec.epoch, dict(rec.offsets), rec.low_watermark_ms, tables)
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One verified commit record as the log holds it, for a reader that applies it
+    (a standby): values still encoded, and where it was read."""
+
+    record: CommitRecord
+    sequence: int
+    """The sequence of the segment that holds it."""
+    path: Path
+    offset: int
+    size: int
+    """Its bytes in the log, frames included."""
 
 
 Segment = tuple[int, int, Path]
@@ -191,6 +205,25 @@ def read_changes(
     :raises FormatVersionError: a segment of a newer format.
     :raises StorageError: an I/O error (never taken for damage).
     """
+    records = read_records(root, since, files=files, follow=follow, poll=poll, upto=upto, stop=stop)
+    try:
+        for r in records:
+            yield _change(r.record, r.path, r.offset)
+    finally:
+        records.close()
+
+
+def read_records(
+    root: Path,
+    since: int = 0,
+    *,
+    files: FileLayer | None = None,
+    follow: bool = False,
+    poll: float = 0.5,
+    upto: Callable[[], int] | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> Generator[LogRecord, None, None]:
+    """:func:`read_changes`, as the verified records themselves (values still encoded)."""
     if not isinstance(since, int) or isinstance(since, bool) or since < 0:
         raise InvalidOptionError(f"since={since!r}", hint="give an epoch: an int >= 0")
     if not isinstance(poll, int | float) or not poll > 0:
@@ -265,7 +298,7 @@ def _read_on(
     cur: _Cursor,
     upto: Callable[[], int] | None,
     held: _Pin,
-) -> Generator[Change, None, bool]:
+) -> Generator[LogRecord, None, bool]:
     """Yield from ``segments`` on; return whether every one was sealed (list again)."""
     for n, seg in enumerate(segments):
         is_last = n == len(segments) - 1
@@ -285,7 +318,7 @@ def _read_on(
                 return False  # not durable yet: look again later
             if epoch > cur.last:
                 cur.last = epoch
-                yield _change(decoded, path, rec.offset)
+                yield LogRecord(decoded, seg[0], path, rec.offset, rec.end - rec.offset)
         if scan.stop.kind is StopKind.CORRUPT:
             raise CorruptionError(path, scan.stop.offset, scan.stop.reason, hint=_HINT)
         if scan.sealed_lsn is None:

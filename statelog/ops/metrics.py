@@ -41,7 +41,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from statelog import events
-from statelog.ops.metrics_gauges import StoreGauges
+from statelog.ops.metrics_gauges import LagGauges, LagSource, StoreGauges
 
 __all__ = [
     "REGISTRY",
@@ -50,7 +50,9 @@ __all__ = [
     "install",
     "store_label",
     "unwatch",
+    "unwatch_lag",
     "watch",
+    "watch_lag",
     "watched",
 ]
 
@@ -339,3 +341,17 @@ def unwatch(root: Path) -> None:
 def watched() -> list[Path]:
     """The stores the scrape-time gauges report, resolved, in path order."""
     return _GAUGES.roots()
+
+
+_LAG: Final = LagGauges()
+REGISTRY.register(_LAG)
+
+
+def watch_lag(root: Path, source: LagSource) -> None:
+    """Report the standby at ``root``: ``source()`` gives its epochs, bytes and seconds behind."""
+    _LAG.watch(Path(root).resolve(), source)
+
+
+def unwatch_lag(root: Path) -> None:
+    """Stop reporting the standby at ``root``."""
+    _LAG.unwatch(Path(root).resolve())

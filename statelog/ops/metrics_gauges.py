@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import Counter as Refcounts
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +34,7 @@ from statelog.format.snapshot import (
 from statelog.log.segments import list_segments
 from statelog.storage.snapshots import list_snapshots
 
-__all__ = ["StoreGauges"]
+__all__ = ["LagGauges", "LagSource", "StoreGauges"]
 
 log = logging.getLogger("statelog.ops.metrics")
 
@@ -160,3 +160,56 @@ def _depth(raw_meta: bytes) -> int | None:
     except msgspec.DecodeError:  # damaged, or cut at _META_MAX
         return None
     return None if link is None else link.depth
+
+
+LagSource = Callable[[], tuple[int, int, float]]
+"""What a standby reports when scraped: epochs, bytes and seconds behind its source."""
+
+
+class LagGauges(Collector):
+    """Each live standby's lag, asked of the standby when scraped (its last look's)."""
+
+    def __init__(self) -> None:
+        self._sources: dict[Path, LagSource] = {}
+        self._guard = threading.Lock()
+
+    def watch(self, root: Path, source: LagSource) -> None:
+        with self._guard:
+            self._sources[root] = source
+
+    def unwatch(self, root: Path) -> None:
+        with self._guard:
+            self._sources.pop(root, None)
+
+    def describe(self) -> list[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        families = self._families()
+        with self._guard:
+            sources = sorted(self._sources.items())
+        for root, source in sources:
+            for family, value in zip(families, source(), strict=True):
+                family.add_metric([str(root)], value)
+        yield from families
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        G = GaugeMetricFamily
+        return (
+            G(
+                "statelog_standby_lag_epochs",
+                "Epochs the source held at the standby's last look that it had not applied.",
+                labels=_STORE,
+            ),
+            G(
+                "statelog_standby_lag_bytes",
+                "Log bytes the standby's last look copied but had not applied.",
+                labels=_STORE,
+            ),
+            G(
+                "statelog_standby_lag_seconds",
+                "Seconds since the standby was last caught up with its source (0: it is).",
+                labels=_STORE,
+            ),
+        )

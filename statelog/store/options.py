@@ -29,6 +29,7 @@ __all__ = [
     "StoreOptions",
     "check_chain_options",
     "check_compactor_options",
+    "check_follow_options",
     "check_overlay_options",
     "check_remote_options",
     "check_sizes",
@@ -104,6 +105,12 @@ class StoreOptions:
     ``compactor="none"``; ``docs/remote.md``)."""
     remote_check: timedelta = timedelta(seconds=5)
     """With ``remote``: how often the writer re-checks that its generation owns the store."""
+    follow: Path | str | None = None
+    """A store directory (on a shared file system) to follow: the store at ``path`` is then
+    its standby, a local copy that keeps applying what the source publishes and serves
+    reads; :meth:`~statelog.store.store.StateStore.promote` makes it the writer."""
+    follow_poll: timedelta = timedelta(milliseconds=500)
+    """With ``follow``: how often the standby looks at its source."""
     file_layer: FileLayer | None = None
     """The file operations the store goes through (None: the real file system)."""
 
@@ -127,6 +134,7 @@ class StoreOptions:
         if not isinstance(refresh, timedelta) or refresh <= timedelta(0):
             raise InvalidOptionError(f"base_refresh={refresh!r}", hint="a positive timedelta")
         check_remote_options(self.remote, self.remote_check, self.readonly, self.compactor)
+        check_follow_options(self.follow, self.follow_poll, self.remote, self.compactor)
         if self.file_layer is not None and not isinstance(self.file_layer, FileLayer):
             raise InvalidOptionError(
                 f"file_layer={self.file_layer!r}",
@@ -314,3 +322,30 @@ def check_remote_options(remote: Any, interval: Any, readonly: Any, compactor: A
     from statelog.remote.url import parse_remote_url
 
     parse_remote_url(remote)
+
+
+def check_follow_options(follow: Any, poll: Any, remote: Any, compactor: Any) -> None:
+    """Validate ``follow=`` and ``follow_poll=``.
+
+    :raises InvalidOptionError: ``follow`` not a path or a URL that is not a directory
+        path; ``follow_poll`` not a positive timedelta; ``follow`` with ``remote`` or an
+        in-process compactor (a standby writes nothing of its own until promoted).
+    """
+    if not isinstance(poll, timedelta) or poll <= timedelta(0):
+        raise InvalidOptionError(f"follow_poll={poll!r}", hint="a positive timedelta")
+    if follow is None:
+        return
+    if isinstance(follow, str) and "://" in follow:
+        raise InvalidOptionError(
+            f"follow={follow!r}: a standby follows a store directory",
+            hint="follow the store's directory (a shared file system), or restore the "
+            "remote copy with `statelog restore URL STORE`",
+        )
+    if not isinstance(follow, str | os.PathLike) or not str(follow) or "\0" in str(follow):
+        raise InvalidOptionError(f"follow={follow!r}", hint="the source store's directory")
+    if remote is not None or compactor != "none":
+        raise InvalidOptionError(
+            "follow= cannot be combined with remote= or an in-process compactor",
+            hint="a standby writes nothing of its own until promote(); the source's "
+            "compactor keeps its log short",
+        )

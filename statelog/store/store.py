@@ -46,12 +46,15 @@ from statelog.format.records import CommitRecord, TableDelta, encode_record
 from statelog.ops import metrics
 from statelog.recovery.readonly import ReadOnlyRecovery, recover_readonly
 from statelog.recovery.report import RecoveryReport
+from statelog.replica.standby import Standby
 from statelog.state.live import Key, LiveState
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
+from statelog.storage.lock import StoreLock
 from statelog.store.inproc import start_compactor
 from statelog.store.options import Durability, StoreOptions, check_store_path, resolve_options
 from statelog.store.reads import StoreReads
+from statelog.store.standby_role import StandbyRole
 from statelog.store.transaction import Transaction
 from statelog.store.validate import ENCODE_ERRORS, check_offsets, check_watermark, table_delta
 from statelog.store.writer import StoreWriter
@@ -69,7 +72,7 @@ Puts = Mapping[str, Any] | Mapping[bytes, Any] | Mapping[Key, Any]
 _EMPTY: Mapping[Any, Any] = types.MappingProxyType({})
 
 
-class StateStore(StoreReads):
+class StateStore(StoreReads, StandbyRole):
     """A changelog-backed state store. Create with :func:`statelog.open`.
 
     One writer per store (an exclusive lock); any number of read-only opens.
@@ -121,11 +124,18 @@ class StateStore(StoreReads):
         self._closed = False
         self._writer: StoreWriter | None = None
         self._ro: ReadOnlyRecovery | None = None
+        self._standby: Standby | None = None
+        self._standby_lock: StoreLock | None = None
         self.generation = 0
         """The remote writer generation this writer holds (0: no ``remote``)."""
         self.restored: RestoreResult | None = None
         """What the restore of ``remote=`` did, if this open restored ``path``; else None."""
         files = opts.file_layer or FileLayer()
+        if opts.follow is not None:
+            self._standby = standby = self._open_standby(opts, files)
+            self._state = standby.state
+            self.store_id, self.recovery, self.readonly = standby.store_id, standby.report, True
+            return
         if opts.readonly:
             self._ro = ro = recover_readonly(self.path, files=files, strict=opts.strict)
             self._state: LiveState = ro.state
@@ -259,6 +269,11 @@ class StateStore(StoreReads):
     def _check_writable(self) -> None:
         if self._closed:
             raise StoreClosedError(f"store {self.path} is closed")
+        if self._standby is not None:
+            raise ReadOnlyStoreError(
+                f"store {self.path} is a standby of {self._standby.source}",
+                hint="promote() it to commit (once its source's writer has stopped)",
+            )
         if self.readonly:
             raise ReadOnlyStoreError(f"store {self.path} was opened read-only")
 
@@ -299,11 +314,17 @@ class StateStore(StoreReads):
         w = self._writer
         if w is not None:
             w.stop()  # unlocked: the flusher takes _lock to find the file it syncs
+        if self._standby is not None:
+            self._standby.stop()  # unlocked: its look in progress applies under the view lock
         with self._view:
-            if self._ro is not None:
+            if self._standby is not None:
+                self._standby.close()
+            elif self._ro is not None:
                 self._ro.close()
             else:
                 self._state.base.close()
+        if self._standby_lock is not None:
+            self._standby_lock.release()
         if w is not None:
             with self._lock:
                 w.finish()
@@ -313,7 +334,9 @@ class StateStore(StoreReads):
         return self._closed
 
     def __repr__(self) -> str:
-        mode = "readonly" if self.readonly else self._options.durability
+        mode: str = "readonly" if self.readonly else self._options.durability
+        if self._standby is not None:
+            mode = f"standby of {self._standby.source}"
         return (
             f"<StateStore {self.path} epoch={self.epoch} {mode}{' closed' if self._closed else ''}>"
         )

@@ -1,0 +1,79 @@
+"""``statelog promote COPY --source SOURCE``: make a standby's copy the writer's store.
+
+For a copy whose standby process is gone (a standby running in a process is
+promoted by that process, ``store.promote()``): opens ``COPY`` as a standby of
+``SOURCE`` (which takes the copy's writer lock, so a standby still running
+makes this exit 4), and promotes it, with every step of
+:meth:`~statelog.store.store.StateStore.promote`: one last look at the source,
+the refusal while the source's writer holds its lock (exit 4), the writer's
+open of the copy. Then closes the new writer and prints the epoch, offsets and
+watermark the reconciler resumes from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from statelog.cli.output import EXIT_OK
+from statelog.errors import PromotionRefusedError, StorageError, StoreNotFoundError
+from statelog.store.standby_role import Promotion
+from statelog.store.store import open as open_store
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """Register ``promote`` on the subcommand parsers ``sub``."""
+    p = sub.add_parser(
+        "promote",
+        parents=parents,
+        help="make a standby's copy of a store the writer's store",
+        description="Catch the copy at COPY up with SOURCE one last time, then make it a "
+        "store its own writer opens, and print the epoch, offsets and watermark to resume "
+        "from. Exit 0 promoted; 4 the source's writer still holds its lock, or a standby "
+        "or writer holds the copy's (nothing changed but the catch-up); 5 SOURCE cannot be "
+        "read (--force promotes the copy as it is); 3 COPY holds another store.",
+    )
+    p.add_argument("copy", type=Path, metavar="COPY", help="the standby's store directory")
+    p.add_argument(
+        "--source", type=Path, required=True, metavar="SOURCE", help="the store it follows"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="promote even if SOURCE cannot be read (its host is gone): the copy as its "
+        "standby last saw it; only when the source's writer is certainly dead",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Promote ``args.copy``; print where the writer resumes; return the exit status."""
+    try:
+        store = open_store(args.copy, follow=args.source)
+    except (StoreNotFoundError, StorageError) as exc:
+        if not args.force or not (args.copy / "IDENTITY").exists():
+            raise PromotionRefusedError(f"{args.source} cannot be read: {exc}") from exc
+        store = open_store(args.copy)  # the copy as it is: its writer's open recovers it
+    with store:
+        promoted = (
+            store.promote(force=args.force)
+            if store.standby
+            else Promotion(store.epoch, store.offsets, store.low_watermark_ms)
+        )
+    doc = {
+        "store": str(args.copy),
+        "epoch": promoted.epoch,
+        "offsets": promoted.offsets,
+        "low_watermark_ms": promoted.low_watermark_ms,
+    }
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        offsets = ", ".join(f"{p}={o}" for p, o in sorted(promoted.offsets.items())) or "-"
+        print(f"promoted {args.copy} at epoch {promoted.epoch}")
+        print(f"resume from offsets {offsets}, watermark {promoted.low_watermark_ms}")
+    return EXIT_OK

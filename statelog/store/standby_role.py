@@ -1,0 +1,229 @@
+"""A store's standby role: opening as a standby, its lag, and promotion to writer.
+
+:class:`StandbyRole` is the part of :class:`~statelog.store.store.StateStore`
+that ``statelog.open(path, follow=SOURCE)`` uses. The standby
+(:class:`~statelog.replica.standby.Standby`) keeps ``path`` a copy of
+``SOURCE`` and the store's state current; the store holds ``path``'s writer
+lock all the while, so no writer and no second standby opens the copy.
+
+Promotion (:meth:`StandbyRole.promote`), in order, holding the commit lock so
+that no commit can start half-way:
+
+1. stop following, then one last look at the source (what it published
+   since the last look is copied and applied); a source that cannot be read
+   (its host is gone) refuses the promotion unless it is forced, since
+   nothing can then tell a dead writer from an unreachable one;
+2. refuse, changing nothing but that catch-up, while the source's writer
+   still holds the source's ``LOCK`` (on one host, or where the shared file
+   system carries ``flock``);
+3. release the copy's state and lock, and open ``path`` as a writer: the
+   usual open sequence (:mod:`statelog.store.writer_open`), whose recovery
+   seals the copied prefix of the source's live segment and continues after
+   it;
+4. install the writer's state and return the epoch, offsets and watermark a
+   reconciler resumes from.
+
+A promotion that fails in step 3 leaves the store closed, ``path`` a store a
+writer can open, and the source untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from statelog.errors import (
+    InvalidOptionError,
+    PromotionRefusedError,
+    StatelogError,
+    StoreClosedError,
+    StoreLockedError,
+)
+from statelog.recovery.report import RecoveryReport
+from statelog.replica.standby import Lag, Standby
+from statelog.state.live import LiveState
+from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import StoreLayout
+from statelog.storage.lock import LOCK_NAME, StoreLock
+from statelog.store.options import StoreOptions
+from statelog.store.writer import StoreWriter
+from statelog.store.writer_open import open_writer
+
+__all__ = ["Promotion", "StandbyRole"]
+
+log = logging.getLogger("statelog.store.standby_role")
+
+
+@dataclass(frozen=True, slots=True)
+class Promotion:
+    """Where the promoted writer stands: what a reconciler resumes from."""
+
+    epoch: int
+    offsets: dict[str, int]
+    low_watermark_ms: int
+
+
+class StandbyRole:
+    """Standby attributes and methods of a store; the store sets the attributes."""
+
+    path: Path
+    readonly: bool
+    recovery: RecoveryReport
+    _options: StoreOptions
+    _state: LiveState
+    _view: threading.Lock
+    _lock: threading.Lock
+    _writer: StoreWriter | None
+    _closed: bool
+    _standby: Standby | None
+    _standby_lock: StoreLock | None
+
+    def _open_standby(self, opts: StoreOptions, files: FileLayer) -> Standby:
+        """Take ``path``'s writer lock and start following ``opts.follow`` into it."""
+        assert opts.follow is not None
+        source = Path(opts.follow)
+        if source.resolve() == self.path.resolve():
+            raise InvalidOptionError(
+                f"follow={source}: a store cannot follow itself",
+                hint="give the standby a directory of its own",
+            )
+        StoreLayout(self.path).check_can_host()
+        files.makedirs(self.path)
+        self._standby_lock = StoreLock(self.path)
+        try:
+            return Standby(
+                self.path, source, view=self._view, install=self._install_state,
+                poll=opts.follow_poll.total_seconds(), files=files,
+            )  # fmt: skip
+        except BaseException:
+            self._standby_lock.release()
+            raise
+
+    def _install_state(self, state: LiveState) -> None:
+        """Called by the standby, under the view lock, with each state it recovers."""
+        self._state = state
+
+    @property
+    def standby(self) -> bool:
+        """Whether this store is a standby (opened with ``follow=``, not promoted)."""
+        return self._standby is not None
+
+    @property
+    def lag(self) -> Lag | None:
+        """How far this standby is behind its source (None: not a standby)."""
+        return None if self._standby is None else self._standby.lag
+
+    def catch_up(self) -> Lag:
+        """Look at the source now and apply what it published; the lag after that look.
+
+        :raises InvalidOptionError: this store is not a standby.
+        :raises StatelogError: the look failed (the state is unchanged).
+        """
+        standby = self._standby
+        if standby is None:
+            raise InvalidOptionError(
+                f"store {self.path} is not a standby", hint="open it with follow=SOURCE"
+            )
+        standby.step()
+        return standby.lag
+
+    def promote(self, *, force: bool = False) -> Promotion:
+        """Turn this standby into the writer of its copy (steps in the module docstring).
+
+        :param force: promote even when the source cannot be read one last time (its
+            host is gone): the copy's state is promoted as its last look left it. Only
+            when the source's writer is certainly dead: nothing can check it then.
+        :returns: the epoch, offsets and watermark the reconciler resumes from.
+        :raises InvalidOptionError: this store is not a standby.
+        :raises StoreClosedError: the store is closed.
+        :raises StoreLockedError: the source's writer still holds its lock; the standby
+            goes on following, nothing was changed.
+        :raises PromotionRefusedError: the source could not be read and ``force`` is
+            False; the standby goes on following, nothing was changed.
+        :raises StatelogError: the writer's open failed (the store is left closed).
+        """
+        with self._lock:
+            if self._closed:
+                raise StoreClosedError(f"store {self.path} is closed")
+            standby = self._standby
+            if standby is None:
+                raise InvalidOptionError(
+                    f"store {self.path} is not a standby", hint="open it with follow=SOURCE"
+                )
+            standby.stop()
+            try:
+                _last_look(standby, force=force)
+            except StatelogError:
+                standby.start()
+                raise
+            return self._become_writer(standby)
+
+    def _become_writer(self, standby: Standby) -> Promotion:
+        opts = dataclasses.replace(self._options, follow=None, readonly=False)
+        files = opts.file_layer or FileLayer()
+        standby.close()
+        self._standby = None
+        if self._standby_lock is not None:
+            self._standby_lock.release()
+        state = LiveState()
+        try:
+            opened = open_writer(StoreLayout(self.path), files, state, self._view, self._lock, opts)
+        except BaseException:
+            self._closed = True
+            raise
+        with self._view:
+            self._state = state
+            self._writer = opened.writer
+            self._options, self.readonly, self.recovery = opts, False, opened.recovery
+            return Promotion(state.epoch, dict(state.offsets), state.low_watermark_ms)
+
+
+def _last_look(standby: Standby, *, force: bool) -> None:
+    """Steps 1 and 2: catch up with the source, and make sure its writer is gone.
+
+    :raises StoreLockedError: the source's writer holds its lock.
+    :raises PromotionRefusedError: the source cannot be read (and not ``force``).
+    """
+    try:
+        standby.step()
+        _check_source_free(standby.source)
+    except StoreLockedError:
+        raise
+    except (StatelogError, OSError) as exc:
+        if not force:
+            raise PromotionRefusedError(
+                f"the source {standby.source} of standby {standby.path} could not be read "
+                f"one last time: {exc}"
+            ) from exc
+        log.warning(
+            "event=promote_forced store=%s source=%s epoch=%d error=%s",
+            standby.path, standby.source, standby.state.epoch, exc,
+        )  # fmt: skip
+
+
+def _check_source_free(source: Path) -> None:
+    """:raises StoreLockedError: a writer holds ``source``'s lock (it is not dead)."""
+    try:
+        fd = os.open(source / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = None
+        with contextlib.suppress(ValueError, OSError):
+            pid = int(os.pread(fd, 32, 0).decode().strip() or "x")
+        raise StoreLockedError(
+            source,
+            pid,
+            hint="the source's writer still runs: stop it (or its host) before promoting "
+            "its standby, so that two writers never continue the same log",
+        ) from None
+    finally:
+        os.close(fd)

@@ -1,0 +1,292 @@
+"""Standbys: ``statelog.open(path, follow=SOURCE)``, its lag, and ``promote()``.
+
+| situation                                       | the standby                                  |
+|-------------------------------------------------|----------------------------------------------|
+| the source commits, compacts, deletes old files | each look: the model at the source's epoch   |
+| reads while it applies and swaps in snapshots   | whole commits only (a conserved sum)         |
+| the source's writer is SIGKILLed                | promote(): every acknowledged commit, then on |
+| the source's writer still runs                  | promote() refused, nothing changed, follows on |
+| a damaged segment in the source                 | the last good epoch, says so, lag > 0        |
+| bad options, a second standby, a commit         | a typed error with a hint                    |
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import statelog
+from statelog.compaction.fold import compact
+from statelog.kit.workload import Stream, run_commit, store_digest
+from statelog.ops import metrics
+from tests.helpers import flip_bit, frames, segments
+
+STREAM = Stream(seed=5)
+SMALL: dict[str, Any] = {"segment_bytes": 16 << 10}
+MANUAL = timedelta(hours=1)  # no look of its own: the test calls catch_up()
+REPO = Path(__file__).resolve().parent.parent
+
+
+def commit_range(store: statelog.StateStore, start: int, stop: int) -> None:
+    for i in range(start, stop):
+        assert run_commit(store, STREAM.commit(i)) == i
+
+
+def test_the_standby_is_the_model_after_each_look(tmp_path: Path) -> None:
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    rng = random.Random(3)
+    with statelog.open(src, **SMALL) as w:
+        commit_range(w, 1, 20)
+        with statelog.open(copy, follow=src, follow_poll=MANUAL) as sb:
+            assert sb.standby and sb.epoch == 19
+            assert store_digest(sb) == STREAM.model(19).digest()
+            epoch = 19
+            for _ in range(12):
+                n = rng.randrange(1, 25)
+                commit_range(w, epoch + 1, epoch + 1 + n)
+                epoch += n
+                if rng.random() < 0.4:
+                    compact(src, retain=1, min_tail_bytes=0)
+                lag = sb.catch_up()
+                assert lag == statelog.Lag(0, 0, 0.0)
+                assert sb.epoch == epoch
+                assert store_digest(sb) == STREAM.model(epoch).digest()
+            # the copy's log follows the source's retention, never further back
+            assert min(p.name for p in segments(copy)) >= min(p.name for p in segments(src))
+
+
+def test_reads_see_whole_commits_while_the_standby_applies_and_swaps(tmp_path: Path) -> None:
+    """Every commit moves one unit between two keys: any whole state sums to 1000."""
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    keys = [f"k{i}" for i in range(20)]
+    with statelog.open(src, **SMALL) as w:
+        w.commit(offsets={"p": 0}, low_watermark_ms=0, put={k: 50 for k in keys})
+        sb = statelog.open(copy, follow=src, follow_poll=timedelta(milliseconds=5))
+        stop, bad = threading.Event(), []
+
+        def reader() -> None:
+            last = 0
+            while not stop.is_set():
+                epoch = sb.epoch
+                total = sum(v for _k, v in sb.items())
+                if total != 1000 or epoch < last:
+                    bad.append((epoch, total))
+                last = epoch
+
+        t = threading.Thread(target=reader)
+        t.start()
+        rng = random.Random(1)
+        values = dict.fromkeys(keys, 50)
+        for i in range(1, 301):
+            a, b = rng.sample(keys, 2)
+            values[a] -= 1
+            values[b] += 1
+            w.commit(offsets={"p": i}, low_watermark_ms=i, put={a: values[a], b: values[b]})
+            if i % 60 == 0:
+                compact(src, retain=1, min_tail_bytes=0)
+        sb.catch_up()
+        stop.set()
+        t.join()
+        assert bad == []
+        assert sb.epoch == w.epoch and dict(sb.items()) == values
+        sb.close()
+
+
+def test_promotion_after_the_source_writer_is_killed(tmp_path: Path) -> None:
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    with statelog.open(src, **SMALL) as w:
+        commit_range(w, 1, 5)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "crash_writer.py"), str(src), "--seed", "5",
+         "--count", "100000"],
+        stdout=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    sb = statelog.open(copy, follow=src, follow_poll=timedelta(milliseconds=20))
+    acked = 0
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("ack "):
+            acked = int(line.split()[1])
+            if acked >= 150:
+                break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    acked = max([acked] + [int(ln.split()[1]) for ln in proc.stdout if ln.startswith("ack ")])
+    promoted = sb.promote()
+    assert not sb.standby and not sb.readonly and sb.lag is None
+    assert promoted.epoch >= acked and promoted.epoch == sb.epoch
+    model = STREAM.model(promoted.epoch)
+    assert promoted.offsets == model.offsets and promoted.low_watermark_ms == model.low_watermark_ms
+    assert store_digest(sb) == model.digest()
+    commit_range(sb, promoted.epoch + 1, promoted.epoch + 30)  # the new writer goes on
+    sb.close()
+    with statelog.open(copy, readonly=True) as again:
+        assert store_digest(again) == STREAM.model(promoted.epoch + 29).digest()
+
+
+def test_promotion_is_refused_while_the_source_writer_runs(tmp_path: Path) -> None:
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    with statelog.open(src, **SMALL) as w:
+        commit_range(w, 1, 30)
+        with statelog.open(copy, follow=src, follow_poll=MANUAL) as sb:
+            before = sorted(p.name for p in (copy / "wal").iterdir())
+            with pytest.raises(statelog.StoreLockedError) as err:
+                sb.promote()
+            assert "promot" in err.value.hint and str(w.path) in str(err.value)
+            assert sb.standby and sb.readonly
+            assert sorted(p.name for p in (copy / "wal").iterdir()) == before
+            commit_range(w, 30, 40)
+            sb.catch_up()
+            assert sb.epoch == 39  # it follows on
+            with pytest.raises(statelog.ReadOnlyStoreError) as ro:
+                sb.commit(offsets={}, low_watermark_ms=0, put={"x": 1})
+            assert "promote" in ro.value.hint
+
+
+def test_a_damaged_source_segment_stops_the_standby_at_the_last_good_epoch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    with statelog.open(src, **SMALL) as w:
+        commit_range(w, 1, 60)
+    seg = segments(src)[2]
+    first = int(seg.name.split("-")[1].split(".")[0], 16)
+    flip_bit(seg, frames(seg)[0].offset + 30, 2)
+    label = {"store": metrics.store_label(copy)}
+    with statelog.open(copy, follow=src, follow_poll=MANUAL) as sb:
+        assert sb.epoch == first - 1
+        assert store_digest(sb) == STREAM.model(first - 1).digest()
+        assert sb.lag is not None and sb.lag.epochs > 0
+        assert sb.recovery.outcome is not statelog.Outcome.CLEAN
+        scraped = metrics.REGISTRY.get_sample_value("statelog_standby_lag_epochs", label)
+        assert scraped == sb.lag.epochs
+        assert metrics.REGISTRY.get_sample_value("statelog_standby_lag_seconds", label) > 0
+    assert metrics.REGISTRY.get_sample_value("statelog_standby_lag_epochs", label) is None
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "says"),
+    [
+        ({"follow": "s3://bucket/shard-0"}, statelog.InvalidOptionError, "directory"),
+        ({"follow": "SELF"}, statelog.InvalidOptionError, "itself"),
+        ({"follow": "SRC", "remote": "s3://bucket/p"}, statelog.InvalidOptionError, "remote"),
+        ({"follow": "SRC", "follow_poll": timedelta(0)}, statelog.InvalidOptionError, "poll"),
+        ({"follow": "NOWHERE"}, statelog.StoreNotFoundError, "no statelog store"),
+    ],
+    ids=["url", "itself", "with-remote", "zero-poll", "no-source"],
+)
+def test_bad_standby_options(
+    tmp_path: Path, options: dict[str, Any], error: type[Exception], says: str
+) -> None:
+    with statelog.open(tmp_path / "src") as w:
+        w.commit(offsets={}, low_watermark_ms=0, put={"a": 1})
+    names = {"SELF": tmp_path / "copy", "SRC": tmp_path / "src", "NOWHERE": tmp_path / "nope"}
+    opts = {k: names.get(v, v) if isinstance(v, str) else v for k, v in options.items()}
+    with pytest.raises(error) as err:
+        statelog.open(tmp_path / "copy", **opts)
+    assert says in str(err.value)
+    assert not (tmp_path / "copy" / "IDENTITY").exists()
+
+
+def test_one_standby_per_copy(tmp_path: Path) -> None:
+    with statelog.open(tmp_path / "src") as w:
+        w.commit(offsets={}, low_watermark_ms=0, put={"a": 1})
+    with statelog.open(tmp_path / "copy", follow=tmp_path / "src", follow_poll=MANUAL):
+        with pytest.raises(statelog.StoreLockedError):
+            statelog.open(tmp_path / "copy", follow=tmp_path / "src")
+        with pytest.raises(statelog.StoreLockedError):
+            statelog.open(tmp_path / "copy")
+    with pytest.raises(statelog.InvalidOptionError):
+        statelog.open(tmp_path / "src", readonly=True).promote()
+
+
+def test_the_copy_holds_whole_records_only_and_the_promoted_writer_continues(
+    tmp_path: Path,
+) -> None:
+    """A source writer killed half-way through a record: the copy stops before it."""
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "crash_writer.py"), str(src), "--seed", "5",
+         "--count", "40", "--die-at", "torn:30:0.5"],
+        capture_output=True, text=True, cwd=REPO, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    last = segments(src)[-1]
+    whole = [f for f in frames(last) if f.end <= last.stat().st_size]
+    with statelog.open(copy, follow=src, follow_poll=MANUAL) as sb:
+        mine = copy / "wal" / last.name
+        assert mine.stat().st_size < last.stat().st_size  # the torn bytes stayed behind
+        assert mine.read_bytes() == last.read_bytes()[: mine.stat().st_size]
+        assert mine.stat().st_size in {f.end for f in whole}
+        epoch = sb.epoch
+        assert store_digest(sb) == STREAM.model(epoch).digest()
+        promoted = sb.promote()
+        assert promoted.epoch == epoch
+        commit_range(sb, epoch + 1, epoch + 5)
+        assert store_digest(sb) == STREAM.model(epoch + 4).digest()
+
+
+def test_statelog_promote_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A copy whose standby process is gone: `statelog promote COPY --source SRC`."""
+    from statelog.cli import main as cli_main
+
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    w = statelog.open(src, **SMALL)
+    commit_range(w, 1, 20)
+    with statelog.open(copy, follow=src, follow_poll=MANUAL):
+        pass  # a standby that ran once, at epoch 19
+    commit_range(w, 20, 25)
+    assert cli_main(["promote", str(copy), "--source", str(src)]) == 4  # the writer runs
+    out, err = capsys.readouterr()
+    assert "StoreLockedError" in err and "promot" in err and out == ""
+    w.close()
+    assert cli_main(["promote", str(copy), "--source", str(src), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    model = STREAM.model(24)
+    assert doc["epoch"] == 24 and doc["offsets"] == model.offsets
+    with statelog.open(copy) as promoted:
+        assert store_digest(promoted) == model.digest()
+
+
+def test_a_source_that_cannot_be_read_refuses_promotion_unless_forced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The source's host is gone: nothing can tell a dead writer from an unreachable one."""
+    from statelog.cli import main as cli_main
+
+    src, copy, away = tmp_path / "src", tmp_path / "copy", tmp_path / "away"
+    with statelog.open(src, **SMALL) as w:
+        commit_range(w, 1, 30)
+    with statelog.open(copy, follow=src, follow_poll=MANUAL) as sb:
+        src.rename(away)
+        with pytest.raises(statelog.PromotionRefusedError) as err:
+            sb.promote()
+        assert "force=True" in err.value.hint and sb.standby and sb.epoch == 29
+        away.rename(src)
+        with statelog.open(src, **SMALL) as w:
+            commit_range(w, 30, 35)
+        assert sb.catch_up().epochs == 0 and sb.epoch == 34  # it still follows
+        src.rename(away)
+        promoted = sb.promote(force=True)
+        assert promoted.epoch == 34 and not sb.standby
+        commit_range(sb, 35, 37)
+    away.rename(src)
+    with statelog.open(src, **SMALL) as w:
+        commit_range(w, 35, 40)
+    other = tmp_path / "copy2"
+    with statelog.open(other, follow=src, follow_poll=MANUAL):
+        pass
+    src.rename(away)
+    assert cli_main(["promote", str(other), "--source", str(src)]) == 5
+    assert "PromotionRefusedError" in capsys.readouterr().err
+    assert cli_main(["promote", str(other), "--source", str(src), "--force"]) == 0
+    assert "at epoch 39" in capsys.readouterr().out
