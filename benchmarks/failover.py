@@ -51,7 +51,7 @@ def promote(d: Path, keys: int, commits: int) -> dict[str, Any]:
     promoted = standby.promote()
     promoted_at = time.perf_counter()
     workload = Workload(keys, min(10_000, keys), seed=99)
-    commit_checkpoint(standby, workload.checkpoint(0))
+    commit_checkpoint(standby, workload.checkpoint(commits))
     first_commit = time.perf_counter()
     standby.close()
     t0 = time.perf_counter()
@@ -59,7 +59,7 @@ def promote(d: Path, keys: int, commits: int) -> dict[str, Any]:
     copied = time.perf_counter()
     with statelog.open(cold) as s:
         opened = time.perf_counter()
-        commit_checkpoint(s, workload.checkpoint(0))
+        commit_checkpoint(s, workload.checkpoint(commits))
         cold_commit = time.perf_counter()
         cold_epoch = s.epoch - 1
     return {
