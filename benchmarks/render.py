@@ -155,6 +155,15 @@ def tradeoff_section(doc: Doc) -> list[str]:
         f"{run['settle']:g} s, was killed with SIGKILL (its process group), and recovered in a "
         "fresh interpreter, which had to find the acknowledged offsets, watermark and every key.",
     ]
+    for extra in doc["statelog"].get("extra_runs", []):
+        other = extra["sizes"]
+        if extra["size"] != doc["statelog"]["size"] and "tradeoff" in extra["command"]:
+            out[-1] += (
+                f" Cells from the `--bench-size {extra['size']}` run took about "
+                f"{other['budget']:g} s per dirty fraction and {other['settle']:g} s of paced "
+                "checkpoints."
+            )
+            break
     rows = []
     for (k, name), c in cells.items():
         s, rec = _at(c), c["recovery"]
@@ -175,7 +184,8 @@ def tradeoff_section(doc: Doc) -> list[str]:
         out.append(
             f"Above {run['json_keys']:,} keys only {', '.join(LARGE)} ran: the others rewrite "
             "the whole state per checkpoint (JSON, SQLite at this dirty fraction) or replay "
-            "everything on recovery, which at that size takes hours."
+            "everything on recovery, hours at 10M keys (earlier full-size figures for them at "
+            "1M keys are at the end of this report)."
         )
     rows = [
         f"{size_id(k)} | {p['fraction']:.1%} | {name} | {s['n']} | {ms(s['p50'])} | "
