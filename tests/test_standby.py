@@ -290,3 +290,33 @@ def test_a_source_that_cannot_be_read_refuses_promotion_unless_forced(
     assert "PromotionRefusedError" in capsys.readouterr().err
     assert cli_main(["promote", str(other), "--source", str(src), "--force"]) == 0
     assert "at epoch 39" in capsys.readouterr().out
+
+
+def test_reads_go_on_while_the_standby_is_promoted(tmp_path: Path) -> None:
+    """Readers keep reading the standby's state during the writer's open, then the writer's."""
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    with statelog.open(src, **SMALL) as w:
+        commit_range(w, 1, 60)
+        compact(src, retain=2, min_tail_bytes=0)
+        commit_range(w, 60, 80)
+    sb = statelog.open(copy, follow=src, follow_poll=MANUAL)
+    stop, seen, errors = threading.Event(), [], []
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                seen.append((sb.epoch, sum(1 for _ in sb.items(table="orders"))))
+            except Exception as exc:  # any error here is the defect under test
+                errors.append(exc)
+                return
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        promoted = sb.promote()
+    finally:
+        stop.set()
+        t.join()
+    assert errors == [] and seen and promoted.epoch == 79
+    assert store_digest(sb) == STREAM.model(79).digest()
+    sb.close()

@@ -165,23 +165,29 @@ class StandbyRole:
             return self._become_writer(standby)
 
     def _become_writer(self, standby: Standby) -> Promotion:
+        """Open the copy as a writer, then install its state; readers keep reading the
+        standby's (stopped) state until then, and it is unmapped only after."""
         opts = dataclasses.replace(self._options, follow=None, readonly=False)
         files = opts.file_layer or FileLayer()
-        standby.close()
-        self._standby = None
         if self._standby_lock is not None:
             self._standby_lock.release()
+            self._standby_lock = None
         state = LiveState()
         try:
             opened = open_writer(StoreLayout(self.path), files, state, self._view, self._lock, opts)
         except BaseException:
             self._closed = True
+            self._standby = None
+            standby.close()
             raise
         with self._view:
             self._state = state
             self._writer = opened.writer
+            self._standby = None
             self._options, self.readonly, self.recovery = opts, False, opened.recovery
-            return Promotion(state.epoch, dict(state.offsets), state.low_watermark_ms)
+            promoted = Promotion(state.epoch, dict(state.offsets), state.low_watermark_ms)
+        standby.close()
+        return promoted
 
 
 def _last_look(standby: Standby, *, force: bool) -> None:
