@@ -29,6 +29,7 @@ from statelog.errors import (
     InvalidCommitError,
     InvalidOptionError,
     NotAStoreError,
+    PromotionLostError,
     PromotionRefusedError,
     ReadOnlyStoreError,
     RemoteError,
@@ -39,6 +40,7 @@ from statelog.errors import (
     StoreClosedError,
     StoreLockedError,
     StoreNotFoundError,
+    StorePromotedError,
     WriteStallError,
 )
 from statelog.log.changes import Change, TableChange
@@ -76,6 +78,7 @@ __all__ = [
     "NotAStoreError",
     "Outcome",
     "Promotion",
+    "PromotionLostError",
     "PromotionRefusedError",
     "ReadOnlyStoreError",
     "RecoveryReport",
@@ -94,6 +97,7 @@ __all__ = [
     "StoreLockedError",
     "StoreNotFoundError",
     "StoreOptions",
+    "StorePromotedError",
     "TableChange",
     "Transaction",
     "WriteStallError",

@@ -23,6 +23,7 @@ __all__ = [
     "InvalidCommitError",
     "InvalidOptionError",
     "NotAStoreError",
+    "PromotionLostError",
     "PromotionRefusedError",
     "ReadOnlyStoreError",
     "RemoteError",
@@ -33,6 +34,7 @@ __all__ = [
     "StoreClosedError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "StorePromotedError",
     "WriteStallError",
 ]
 
@@ -251,4 +253,23 @@ class PromotionRefusedError(StatelogError):
         "if the source's writer is certainly dead (its host down or fenced), promote with "
         "force=True (`statelog promote --force`): the copy's state is promoted as it is, "
         "without the commits after its last look; nothing was changed"
+    )
+
+
+class PromotionLostError(PromotionRefusedError):
+    """Another standby was promoted first: it claimed the writer generation this one saw."""
+
+    hint = (
+        "another standby of the same store became its writer first; this one changed "
+        "nothing and goes on following: point the reconciler at the writer that won"
+    )
+
+
+class StorePromotedError(StatelogError):
+    """A standby of this store was promoted: its copy, not this directory, has the writer."""
+
+    hint = (
+        "open the promoted copy named in this store's PROMOTED file; if this directory is "
+        "the one to keep after all, move PROMOTED aside deliberately (the copy's writer "
+        "must then stop: two writers would continue the same log)"
     )

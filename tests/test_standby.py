@@ -176,7 +176,7 @@ def test_a_damaged_source_segment_stops_the_standby_at_the_last_good_epoch(
 @pytest.mark.parametrize(
     ("options", "error", "says"),
     [
-        ({"follow": "s3://bucket/shard-0"}, statelog.InvalidOptionError, "directory"),
+        ({"follow": "ftp://bucket/shard-0"}, statelog.RemoteError, "s3://bucket"),
         ({"follow": "SELF"}, statelog.InvalidOptionError, "itself"),
         ({"follow": "SRC", "remote": "s3://bucket/p"}, statelog.InvalidOptionError, "remote"),
         ({"follow": "SRC", "follow_poll": timedelta(0)}, statelog.InvalidOptionError, "poll"),
@@ -320,3 +320,53 @@ def test_reads_go_on_while_the_standby_is_promoted(tmp_path: Path) -> None:
     assert errors == [] and seen and promoted.epoch == 79
     assert store_digest(sb) == STREAM.model(79).digest()
     sb.close()
+
+
+def test_two_promotions_of_one_source_exactly_one_wins(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The loser changes nothing and follows on; the source refuses its old writer after."""
+    from statelog.cli import main as cli_main
+    from statelog.replica.promoted import read_promoted
+
+    src = tmp_path / "src"
+    with statelog.open(src, **SMALL) as w:
+        commit_range(w, 1, 40)
+    standbys = [
+        statelog.open(tmp_path / f"copy{i}", follow=src, follow_poll=MANUAL) for i in (1, 2)
+    ]
+    outcomes: list[Any] = [None, None]
+    go = threading.Barrier(2)
+
+    def promote(i: int) -> None:
+        go.wait()
+        try:
+            outcomes[i] = standbys[i].promote()
+        except statelog.PromotionLostError as exc:
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=promote, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    won = [i for i in (0, 1) if isinstance(outcomes[i], statelog.Promotion)]
+    assert len(won) == 1, outcomes
+    winner, loser = standbys[won[0]], standbys[1 - won[0]]
+    assert isinstance(outcomes[1 - won[0]], statelog.PromotionLostError)
+    assert loser.standby and loser.epoch == 39
+    doc = read_promoted(src)
+    assert doc is not None and doc["copy"] == str(winner.path.resolve()) and doc["epoch"] == 39
+    with pytest.raises(statelog.StorePromotedError) as err:
+        statelog.open(src)  # the old writer, restarted on its old host
+    assert str(winner.path.resolve()) in str(err.value) and "PROMOTED" in err.value.hint
+    with statelog.open(src, readonly=True) as ro:
+        assert ro.epoch == 39  # reads of the old directory go on
+    winner.close()
+    loser.close()
+    third = tmp_path / "copy3"
+    statelog.open(third, follow=src, follow_poll=MANUAL).close()
+    assert cli_main(["promote", str(third), "--source", str(src)]) == 4
+    assert "PromotionLostError" in capsys.readouterr().err
+    with statelog.open(third, follow=src, follow_poll=MANUAL) as still:
+        assert still.standby and still.epoch == 39

@@ -25,10 +25,12 @@ from statelog.errors import (
     CorruptionError,
     InvalidOptionError,
     NotAStoreError,
+    PromotionLostError,
     ResnapshotRequired,
     StatelogError,
     StoreLockedError,
     StoreNotFoundError,
+    StorePromotedError,
 )
 
 __all__ = [
@@ -68,7 +70,8 @@ exit status (every subcommand):
   1    damage found, but the store is recoverable (or: an audit or drill problem)
   2    not recoverable: a re-snapshot (restore or rebuild from the source) is required
   3    usage error, or the path is not a statelog store
-  4    the store is busy: another writer or compactor holds its lock
+  4    the store is busy: another writer or compactor holds its lock, or another
+       promoted standby became its writer
   5    any other error (I/O error, unknown format version, ...)
   130  interrupted (Ctrl-C)
 """
@@ -164,6 +167,8 @@ def exit_code_for(exc: BaseException) -> int:
     if isinstance(exc, StoreNotFoundError | NotAStoreError | InvalidOptionError):
         return EXIT_USAGE
     if isinstance(exc, StoreLockedError | CompactorLockedError):
+        return EXIT_BUSY
+    if isinstance(exc, PromotionLostError | StorePromotedError):
         return EXIT_BUSY
     if isinstance(exc, CorruptionError | AuditError):
         return EXIT_DAMAGED

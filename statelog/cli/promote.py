@@ -33,13 +33,16 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="make a standby's copy of a store the writer's store",
         description="Catch the copy at COPY up with SOURCE one last time, then make it a "
         "store its own writer opens, and print the epoch, offsets and watermark to resume "
-        "from. Exit 0 promoted; 4 the source's writer still holds its lock, or a standby "
-        "or writer holds the copy's (nothing changed but the catch-up); 5 SOURCE cannot be "
-        "read (--force promotes the copy as it is); 3 COPY holds another store.",
+        "from. SOURCE is the store directory the copy follows, or the s3:// URL its writer "
+        "ships to. Exit 0 promoted; 4 the source's writer still holds its lock, a standby or "
+        "writer holds the copy's, or another standby was promoted first (nothing changed but "
+        "the catch-up); 5 SOURCE cannot be read (for a directory, --force promotes the copy "
+        "as it is); 3 COPY holds another store.",
     )
     p.add_argument("copy", type=Path, metavar="COPY", help="the standby's store directory")
     p.add_argument(
-        "--source", type=Path, required=True, metavar="SOURCE", help="the store it follows"
+        "--source", required=True, metavar="SOURCE",
+        help="the store directory it follows, or the s3:// URL its writer ships to",
     )
     p.add_argument(
         "--force",

@@ -59,6 +59,7 @@ __all__ = [
     "Manifest",
     "Versioned",
     "acquire",
+    "acquire_after",
     "canonical",
     "check",
     "commit",
@@ -247,6 +248,44 @@ def acquire(client: RemoteClient, store_id: uuid.UUID, *, origin: str = "") -> i
             gen = new.generation
         log.warning("event=generation_acquired store_id=%s generation=%d", store_id, gen)
         return gen
+    raise RemoteError(f"{keys.manifest}: still changing after {_ROUNDS} takeover attempts")
+
+
+def acquire_after(client: RemoteClient, store_id: uuid.UUID, generation: int) -> int | None:
+    """Take the store over from ``generation`` only: bump it to ``generation + 1``.
+
+    The promotion of a standby: of several standbys that saw the same writer
+    generation, exactly one takes the next. Each round reads the manifest and
+    writes the bump with If-Match on its ETag; a round refused because the
+    current writer committed meanwhile (same generation) is repeated.
+
+    :returns: the new generation, owned by the caller; None if the manifest no
+        longer names ``generation`` (another takeover got there first: nothing
+        was written).
+    :raises RemoteNotFoundError: the store has no manifest.
+    :raises RemoteError: the manifest stayed busy for every round.
+    """
+    keys = StoreKeys(store_id)
+    for _ in range(_ROUNDS):
+        cur = read_manifest(client, store_id)
+        if cur is None:
+            raise RemoteNotFoundError(f"no MANIFEST for store {store_id} at {client.where}")
+        if cur.manifest.generation != generation:
+            return None
+        new = msgspec.structs.replace(
+            cur.manifest,
+            generation=generation + 1,
+            writer=_who(),
+            write_id=secrets.token_hex(12),
+            updated_ms=_now_ms(),
+        )
+        try:
+            client.put_if_match(keys.manifest, new.encode(client.key), cur.etag)
+        except ConditionFailedError:
+            if not _landed(client, store_id, new.write_id):
+                continue
+        log.warning("event=generation_acquired store_id=%s generation=%d", store_id, new.generation)
+        return new.generation
     raise RemoteError(f"{keys.manifest}: still changing after {_ROUNDS} takeover attempts")
 
 

@@ -68,7 +68,7 @@ from statelog.remote.url import StoreKeys
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
 
-__all__ = ["RestoreResult", "find_store", "restore"]
+__all__ = ["RestoreResult", "find_store", "identity_bytes", "restore", "segment_problem"]
 
 log = logging.getLogger("statelog.remote")
 
@@ -176,19 +176,27 @@ def restore(
     raise RemoteError(f"the MANIFEST of {sid} kept changing while a restore tried to pin it")
 
 
-def _identity(st: Staging, m: Manifest, sid: uuid.UUID) -> None:
-    """Download ``IDENTITY`` (bounded), check it against the manifest, write it to staging."""
+def identity_bytes(client: RemoteClient, m: Manifest, sid: uuid.UUID) -> bytes:
+    """Download ``IDENTITY`` (bounded) and check it against the manifest's hash.
+
+    :raises RemoteIntegrityError: its hash differs, or a signed manifest lists none.
+    """
     key = StoreKeys(sid).identity
-    if not m.identity_sha256 and st.client.key is not None:
+    if not m.identity_sha256 and client.key is not None:
         raise RemoteIntegrityError(
             key, f"the signed manifest lists no hash of IDENTITY ({KEY_ENV} is set)"
         )
-    identity = st.client.get(key, limit=IDENTITY_LIMIT).data
+    identity = client.get(key, limit=IDENTITY_LIMIT).data
     if m.identity_sha256 and hashlib.sha256(identity).hexdigest() != m.identity_sha256:
         raise RemoteIntegrityError(key, "sha256 differs from the manifest's")
-    st.write(IDENTITY, identity)
+    return identity
+
+
+def _identity(st: Staging, m: Manifest, sid: uuid.UUID) -> None:
+    """Write the checked ``IDENTITY`` to staging; it must name store ``sid``."""
+    st.write(IDENTITY, identity_bytes(st.client, m, sid))
     if StoreLayout(st.root).read_identity(st.files) != sid:
-        raise RemoteIntegrityError(key, "IDENTITY names another store")
+        raise RemoteIntegrityError(StoreKeys(sid).identity, "IDENTITY names another store")
 
 
 def _restore(
@@ -259,18 +267,26 @@ def _segment_ok(
         path = st.fetch(e)
     except (RemoteIntegrityError, RemoteNotFoundError) as exc:
         return _refuse(rejected, e.key, getattr(exc, "reason", None) or str(exc))
-    scan = scan_segment(path, path.read_bytes(), store_id=sid, prev_crc=chain, is_last=False)
-    why = None
-    if scan.stop.kind is not StopKind.CLEAN:
-        why = scan.stop.reason
-    elif (scan.sealed_lsn, scan.end_crc) != (e.last_lsn, e.end_crc):
-        why = "the segment's SEAL disagrees with the manifest"
-    else:
-        why = _schema_problem(scan)
+    why = segment_problem(path, e, sid, chain)
     if why is not None:
         st.remove(e)
         return _refuse(rejected, e.key, why)
     return True
+
+
+def segment_problem(path: Path, e: Entry, sid: uuid.UUID, chain: int | None) -> str | None:
+    """Why the downloaded segment ``path`` of entry ``e`` cannot be used, or None.
+
+    Scanned whole: its header (of store ``sid``, continuing ``chain`` unless None),
+    every frame and the chain through them, a SEAL that agrees with the manifest,
+    and every record's schema.
+    """
+    scan = scan_segment(path, path.read_bytes(), store_id=sid, prev_crc=chain, is_last=False)
+    if scan.stop.kind is not StopKind.CLEAN:
+        return scan.stop.reason
+    if (scan.sealed_lsn, scan.end_crc) != (e.last_lsn, e.end_crc):
+        return "the segment's SEAL disagrees with the manifest"
+    return _schema_problem(scan)
 
 
 def _schema_problem(scan: SegmentScan) -> str | None:

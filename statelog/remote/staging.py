@@ -30,7 +30,7 @@ from statelog.remote.manifest import Entry
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import SNAPSHOT_DIR, WAL_DIR
 
-__all__ = ["Staging", "resolve_dest", "staging_of"]
+__all__ = ["Staging", "download", "resolve_dest", "staging_of"]
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -80,6 +80,36 @@ def _check_spot(root: Path) -> int:
     return mode
 
 
+def download(client: RemoteClient, root: Confined, files: FileLayer, e: Entry) -> Path:
+    """Download ``e`` into ``wal/`` or ``snapshots/`` under ``root`` (durable order in the
+    module docstring).
+
+    :returns: the path written.
+    :raises RemoteIntegrityError: the object's size or hash is not the manifest's (the
+        file is not created, the temp file removed).
+    :raises NotAStoreError: a symlink was planted on the way.
+    """
+    sub = WAL_DIR if e.kind == "wal" else SNAPSHOT_DIR
+    dest = root.path(sub, e.name)
+    tmp = root.path(sub, dest.name + ".tmp")
+    fd = os.open(tmp, _CREATE, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            got, attrs = client.get_into(e.key, out, size=e.size)
+            out.flush()
+            os.fsync(out.fileno())
+        if got != e.sha256:
+            raise RemoteIntegrityError(e.key, f"sha256 {got[:16]}..., manifest {e.sha256[:16]}...")
+        if attrs.get(SHA256_ATTR, e.sha256) != e.sha256:
+            raise RemoteIntegrityError(e.key, "the object's sha256 metadata disagrees")
+        files.rename(tmp, root.path(sub, dest.name))
+    except BaseException:
+        files.remove(tmp)
+        raise
+    files.fsync_dir(dest.parent)
+    return dest
+
+
 def staging_of(dest: Path) -> Path:
     """Where the restore into (resolved) ``dest`` works."""
     return dest.parent / f".{dest.name}.restoring"
@@ -116,35 +146,15 @@ class Staging:
         return self.confined.path(WAL_DIR if e.kind == "wal" else SNAPSHOT_DIR, e.name)
 
     def fetch(self, e: Entry) -> Path:
-        """Download ``e`` to its local path (durable order in the module docstring).
+        """Download ``e`` to its local path (:func:`download`); counts its bytes.
 
         :returns: the path written.
-        :raises RemoteIntegrityError: the object's size or hash is not the
-            manifest's (the file is not created, the temp file removed).
+        :raises RemoteIntegrityError: the object's size or hash is not the manifest's.
         :raises NotAStoreError: a symlink was planted on the way.
         """
-        dest = self.path_of(e)
-        sub = dest.parent.name
-        tmp = self.confined.path(sub, dest.name + ".tmp")
-        fd = os.open(tmp, _CREATE, 0o644)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                got, attrs = self.client.get_into(e.key, out, size=e.size)
-                out.flush()
-                os.fsync(out.fileno())
-            self.bytes += e.size
-            if got != e.sha256:
-                raise RemoteIntegrityError(
-                    e.key, f"sha256 {got[:16]}..., manifest {e.sha256[:16]}..."
-                )
-            if attrs.get(SHA256_ATTR, e.sha256) != e.sha256:
-                raise RemoteIntegrityError(e.key, "the object's sha256 metadata disagrees")
-            self.files.rename(tmp, self.confined.path(sub, dest.name))
-        except BaseException:
-            self.files.remove(tmp)
-            raise
-        self.files.fsync_dir(dest.parent)
-        return dest
+        path = download(self.client, self.confined, self.files, e)
+        self.bytes += e.size
+        return path
 
     def remove(self, e: Entry) -> None:
         """Remove ``e``'s local file, if it is there."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +50,7 @@ from statelog.storage.pins import (
 )
 from statelog.storage.snapshots import list_snapshots
 
-__all__ = ["MirrorResult", "mirror"]
+__all__ = ["MirrorResult", "mirror", "prune"]
 
 _COPY_CHUNK = 1 << 20
 
@@ -103,7 +104,10 @@ def mirror(source: Path, dest: Path, files: FileLayer | None = None) -> MirrorRe
             for i, (_seq, first, p) in enumerate(present):
                 _copy_segment(p, dst.wal / p.name, files, result, is_last=i == len(present) - 1)
                 result.source_epoch = max(result.source_epoch, first - 1)
-            _prune(dest, snaps, present, files, result)
+            prune(
+                dest, present[0][0] if present else None, {p.name for *_n, p in snaps},
+                snaps[-1][1] if snaps else None, files, result,
+            )  # fmt: skip
     except OSError as exc:
         raise StorageError(f"mirroring {source} to {dest} failed: {exc}", errno=exc.errno) from exc
     return result
@@ -181,29 +185,32 @@ def _copy_segment(
     result.segments.append(f"wal/{dest.name}")
 
 
-def _prune(
+def prune(
     dest: Path,
-    snaps: list[tuple[int, int, Path]],
-    segs: list[tuple[int, int, Path]],
+    oldest_sequence: int | None,
+    snapshots: Collection[str],
+    oldest_lsn: int | None,
     files: FileLayer,
     result: MirrorResult,
 ) -> None:
     """Delete what the source's retention deleted: files older than its oldest.
 
-    Segments go oldest first and stop at the first one pinned in the copy, so
-    the copy's log stays one unbroken run, as retention leaves a store's.
+    Segments below ``oldest_sequence`` (the source's oldest) go, oldest first,
+    stopping at the first one pinned in the copy, so the copy's log stays one
+    unbroken run, as retention leaves a store's; so do snapshots older than
+    ``oldest_lsn`` (the source's oldest) whose names are not in ``snapshots``
+    (the source's). None: the source holds no such file, nothing of that kind goes.
     """
     layout = StoreLayout(dest)
     old_segs: list[Path] = []
     old_snaps: list[Path] = []
-    if segs:
-        old_segs = [p for seq, _f, p in list_segments(layout.wal) if seq < segs[0][0]]
-    if snaps:
-        kept = {p.name for *_n, p in snaps}
+    if oldest_sequence is not None:
+        old_segs = [p for seq, _f, p in list_segments(layout.wal) if seq < oldest_sequence]
+    if oldest_lsn is not None:
         old_snaps = [
             p
             for _e, lsn, p in list_snapshots(layout.snapshots)
-            if lsn < snaps[-1][1] and p.name not in kept
+            if lsn < oldest_lsn and p.name not in snapshots
         ]
     if not old_segs and not old_snaps:
         return

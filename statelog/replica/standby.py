@@ -5,7 +5,10 @@ serves reads from :attr:`Standby.state` and refuses commits until
 :meth:`~statelog.store.store.StateStore.promote`. Life of a standby:
 
 1. :func:`~statelog.replica.mirror.mirror` copies the source into ``path`` (its
-   snapshots, its sealed segments, the verified prefix of its live segment);
+   snapshots, its sealed segments, the verified prefix of its live segment), or,
+   for a remote URL, :func:`~statelog.replica.remote_mirror.mirror_remote`
+   downloads the newest restore point the MANIFEST lists and the sealed
+   segments after it;
    the copy is recovered without repairs (:func:`~statelog.recovery.ladder.recover_store`,
    every snapshot and record verified): that state is what readers see. Its
    snapshot images are built from the copied snapshots into ``path/base``,
@@ -36,6 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from statelog.errors import ChangesUnavailableError, CorruptionError, StatelogError
 from statelog.log.changes import read_records
@@ -46,6 +50,9 @@ from statelog.replica.mirror import MirrorResult, mirror
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
+
+if TYPE_CHECKING:  # at run time the remote tier loads only for a remote source
+    from statelog.replica.remote_mirror import RemoteSource
 
 __all__ = ["Lag", "Standby"]
 
@@ -69,6 +76,7 @@ class Standby:
 
     :param install: called under ``view`` with each new state the standby recovers.
     :raises StoreNotFoundError: ``source`` holds no store.
+    :raises RemoteError: a remote ``source`` cannot be read, or holds no MANIFEST.
     :raises NotAStoreError: ``path`` holds another store, or a file.
     :raises StatelogError: as :func:`~statelog.recovery.readonly.recover_readonly`.
     :raises StorageError: an I/O error during the first copy.
@@ -77,7 +85,7 @@ class Standby:
     def __init__(
         self,
         path: Path,
-        source: Path,
+        source: Path | RemoteSource,
         *,
         view: threading.Lock,
         install: Callable[[LiveState], None],
@@ -87,7 +95,7 @@ class Standby:
         self.path, self.source = path, source
         self._files = files or FileLayer()
         self._view, self._install, self._poll = view, install, poll
-        first = mirror(source, path, self._files)
+        first = self._look()
         self._layout = StoreLayout(path)
         self.store_id = self._layout.read_identity(self._files)
         self.state, self.report = self._recover_copy()
@@ -136,7 +144,7 @@ class Standby:
         :raises OSError: as the copy's reads raise them.
         """
         with self._steps:
-            result = mirror(self.source, self.path, self._files)
+            result = self._look()
             if result.snapshots or result.rewound:
                 self._recover()
             else:
@@ -147,6 +155,11 @@ class Standby:
             self._failed = None
             self._note_lag(result)
             return result
+
+    def _look(self) -> MirrorResult:
+        if isinstance(self.source, Path):
+            return mirror(self.source, self.path, self._files)
+        return self.source.mirror(self.path, self._files)
 
     def _apply(self) -> None:
         """Apply the records the copy holds after the state's epoch, one commit at a time."""

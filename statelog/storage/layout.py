@@ -38,6 +38,7 @@ __all__ = [
     "IDENTITY",
     "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH",
+    "PROMOTED",
     "SNAPSHOT_DIR",
     "WAL_DIR",
     "StoreLayout",
@@ -48,6 +49,7 @@ IDENTITY = "IDENTITY"
 WAL_DIR = "wal"
 SNAPSHOT_DIR = "snapshots"
 BASE_DIR = "base"
+PROMOTED = "PROMOTED"
 _KNOWN = {
     IDENTITY,
     IDENTITY + ".tmp",
@@ -67,6 +69,8 @@ _KNOWN = {
     # The remote tier's shipping record (statelog.remote.record), and its temp file.
     "remote.json",
     "remote.json.tmp",
+    # Left by the promotion of a standby that followed this store (statelog.replica.promoted).
+    PROMOTED,
 }
 _KNOWN_PREFIXES = ("AUDIT.log.broken",)
 _KIND = "statelog-store"

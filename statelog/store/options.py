@@ -106,9 +106,10 @@ class StoreOptions:
     remote_check: timedelta = timedelta(seconds=5)
     """With ``remote``: how often the writer re-checks that its generation owns the store."""
     follow: Path | str | None = None
-    """A store directory (on a shared file system) to follow: the store at ``path`` is then
-    its standby, a local copy that keeps applying what the source publishes and serves
-    reads; :meth:`~statelog.store.store.StateStore.promote` makes it the writer."""
+    """A store directory (on a shared file system) or the ``s3://bucket/prefix`` it ships to,
+    to follow: the store at ``path`` is then its standby, a local copy that keeps applying
+    what the source publishes and serves reads; :meth:`~statelog.store.store.StateStore.promote`
+    makes it the writer (``docs/standby.md``)."""
     follow_poll: timedelta = timedelta(milliseconds=500)
     """With ``follow``: how often the standby looks at its source."""
     file_layer: FileLayer | None = None
@@ -325,24 +326,25 @@ def check_remote_options(remote: Any, interval: Any, readonly: Any, compactor: A
 
 
 def check_follow_options(follow: Any, poll: Any, remote: Any, compactor: Any) -> None:
-    """Validate ``follow=`` and ``follow_poll=``.
+    """Validate ``follow=`` and ``follow_poll=``, parsing a remote URL and the environment.
 
-    :raises InvalidOptionError: ``follow`` not a path or a URL that is not a directory
-        path; ``follow_poll`` not a positive timedelta; ``follow`` with ``remote`` or an
+    :raises InvalidOptionError: ``follow`` neither a path nor a str;
+        ``follow_poll`` not a positive timedelta; ``follow`` with ``remote`` or an
         in-process compactor (a standby writes nothing of its own until promoted).
+    :raises RemoteConfigError: ``follow`` is a URL that is not usable.
     """
     if not isinstance(poll, timedelta) or poll <= timedelta(0):
         raise InvalidOptionError(f"follow_poll={poll!r}", hint="a positive timedelta")
     if follow is None:
         return
-    if isinstance(follow, str) and "://" in follow:
-        raise InvalidOptionError(
-            f"follow={follow!r}: a standby follows a store directory",
-            hint="follow the store's directory (a shared file system), or restore the "
-            "remote copy with `statelog restore URL STORE`",
-        )
     if not isinstance(follow, str | os.PathLike) or not str(follow) or "\0" in str(follow):
-        raise InvalidOptionError(f"follow={follow!r}", hint="the source store's directory")
+        raise InvalidOptionError(
+            f"follow={follow!r}", hint="the source store's directory, or its s3:// URL"
+        )
+    if isinstance(follow, str) and "://" in follow:
+        from statelog.remote.url import parse_remote_url  # not at import: see above
+
+        parse_remote_url(follow)
     if remote is not None or compactor != "none":
         raise InvalidOptionError(
             "follow= cannot be combined with remote= or an in-process compactor",

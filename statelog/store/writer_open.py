@@ -10,7 +10,9 @@ every write of a step is durable before the next step begins:
    restores a missing or empty directory from the remote copy (a takeover;
    the restore takes a new writer generation first). A directory that
    holds a store is left alone.
-2. Take the writer's lock (``STORE/LOCK``); then :func:`open_log`:
+2. Take the writer's lock (``STORE/LOCK``) and refuse a store whose standby
+   was promoted away (``PROMOTED``, :mod:`statelog.replica.promoted`); then
+   :func:`open_log`:
 
    a. ``IDENTITY``: read it, or create the store (directories, the first
       segment, then the identity, each fsynced: :meth:`StoreLayout.create`);
@@ -52,6 +54,7 @@ from statelog.ops import metrics
 from statelog.ops.metrics import StoreMetrics
 from statelog.recovery.ladder import recover_store
 from statelog.recovery.report import RecoveryReport
+from statelog.replica.promoted import check_not_promoted
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
@@ -107,7 +110,7 @@ def open_writer(
     ``commits`` its commit lock (the writer's syncs take it).
 
     :raises NotAStoreError: the path holds something else.
-    :raises StoreLockedError: another writer has the store open.
+    :raises StoreLockedError, StorePromotedError: as :func:`_lock`.
     :raises FencedError, RemoteError: ``remote``: as :func:`restore_from_remote`
         and :func:`open_log`.
     :raises StorageError, CorruptionError, FormatVersionError, ResnapshotRequired:
@@ -120,7 +123,7 @@ def open_writer(
         client, restored = restore_from_remote(path, options.remote)
         remote = (options.remote, client)
     files.makedirs(path)
-    lock = StoreLock(path)
+    lock = _lock(path)
     store_metrics = metrics.bind(path)
     boundaries: dict[int, int] = {}
     try:
@@ -173,6 +176,21 @@ def open_writer(
         interval = options.remote_check.total_seconds()
         writer.fence = FenceWatch(wal, wal.fence_check, interval)
     return OpenedWriter(writer, opened.store_id, opened.recovery, opened.generation, restored)
+
+
+def _lock(path: Path) -> StoreLock:
+    """Take the writer's lock, then refuse a store whose standby was promoted away.
+
+    :raises StoreLockedError: another writer has the store open.
+    :raises StorePromotedError: ``PROMOTED`` exists (the lock is released again).
+    """
+    lock = StoreLock(path)
+    try:
+        check_not_promoted(path)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def restore_from_remote(path: Path, url: str) -> tuple[RemoteClient, RestoreResult | None]:

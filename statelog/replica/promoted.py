@@ -1,0 +1,103 @@
+"""``STORE/PROMOTED``: the mark a promotion leaves in the store directory its standby followed.
+
+When a standby of a store directory is promoted, its copy continues the
+source's log. Two things must then never happen: a second standby of the same
+source promoted as well, and the source's old writer restarted on the source
+(its host back from the dead). Both would continue the same log twice. So the
+promotion claims the source first, by creating ``PROMOTED`` in it with
+``O_CREAT | O_EXCL`` (atomic on a local file system and on NFSv3 and later):
+of two promoters, exactly one creates it and the other changes nothing
+(:class:`~statelog.errors.PromotionLostError`); a writer's open of a store
+holding it is refused (:class:`~statelog.errors.StorePromotedError`), until an
+operator moves it aside deliberately. Read-only opens and standbys still read
+the source.
+
+The file is one JSON object, at most :data:`~statelog.storage.layout.MAX_JSON_BYTES`
+(``docs/format.md``): ``copy`` (the promoted copy's absolute path), ``host``,
+``pid``, ``epoch`` (the copy's epoch when it was promoted) and ``at_ms``.
+Durable order: created exclusive, written, fsync, fsync of the directory. A
+crash between the create and the fsync can leave it empty or partial; it is
+still a claim, and the refusal says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from statelog.errors import PromotionLostError, StorePromotedError
+from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import PROMOTED, parse_json_doc
+
+__all__ = ["check_not_promoted", "claim_source", "read_promoted"]
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def claim_source(source: Path, copy: Path, epoch: int, files: FileLayer | None = None) -> None:
+    """Create ``source/PROMOTED`` naming ``copy`` (durable order in the module docstring).
+
+    :raises PromotionLostError: it exists: another promotion claimed ``source``
+        first; nothing was written.
+    :raises OSError: ``source`` cannot be written; nothing was claimed.
+    """
+    files = files or FileLayer()
+    path = source / PROMOTED
+    doc = {
+        "copy": str(Path(os.path.realpath(copy))),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "epoch": epoch,
+        "at_ms": int(time.time() * 1000),
+    }
+    try:
+        fd = os.open(path, _CREATE, 0o644)
+    except FileExistsError:
+        raise PromotionLostError(
+            f"{source} was claimed by another promotion first ({_describe(source)})"
+        ) from None
+    try:
+        os.write(fd, json.dumps(doc).encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    files.fsync_dir(source)
+
+
+def read_promoted(store: Path) -> dict[str, Any] | None:
+    """The claim in ``store/PROMOTED`` (None: there is none); ``{}`` if it cannot be read.
+
+    The file may come from anywhere: it is bounded and checked before it is parsed.
+    """
+    path = store / PROMOTED
+    try:
+        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
+            raw = fh.read(1 << 16)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return {}
+    try:
+        return parse_json_doc(raw)
+    except ValueError:
+        return {}
+
+
+def check_not_promoted(store: Path) -> None:
+    """:raises StorePromotedError: a standby of ``store`` was promoted (``PROMOTED`` exists)."""
+    if read_promoted(store) is not None:
+        raise StorePromotedError(
+            f"{store} was taken over by a promoted standby: {_describe(store)}"
+        )
+
+
+def _describe(store: Path) -> str:
+    doc = read_promoted(store)
+    if not doc:
+        return "its PROMOTED file is there but unreadable (a promotion that died as it wrote it)"
+    copy, epoch = str(doc.get("copy", "?"))[:4096], doc.get("epoch", "?")
+    return f"{copy!r} became the writer at epoch {epoch} (host {str(doc.get('host', '?'))[:255]})"
