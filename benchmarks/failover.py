@@ -56,7 +56,8 @@ def promote(d: Path, keys: int, commits: int) -> dict[str, Any]:
     standby.close()
     t0 = time.perf_counter()
     # PROMOTED: the promotion above claimed the primary; its files are still the cold start.
-    shutil.copytree(primary, cold, ignore=shutil.ignore_patterns("LOCK", "pins", "base", "PROMOTED"))
+    skip = shutil.ignore_patterns("LOCK", "pins", "base", "PROMOTED")
+    shutil.copytree(primary, cold, ignore=skip)
     copied = time.perf_counter()
     with statelog.open(cold) as s:
         opened = time.perf_counter()

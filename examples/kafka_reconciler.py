@@ -419,11 +419,22 @@ class ShardedMember:
     """
 
     def __init__(
-        self, consumer: ConsumerLike, root: Path, sink: Sink, *, shards: int, **store_options: Any
+        self,
+        consumer: ConsumerLike,
+        root: Path,
+        sink: Sink,
+        *,
+        shards: int,
+        standby: statelog.ShardedStore | None = None,
+        **store_options: Any,
     ) -> None:
         self.consumer = consumer
         self.sink = sink
-        self.sharded = statelog.ShardedStore(root, shards=shards, lazy=True, **store_options)
+        # With a standby root (one warm copy per shard, following the group's root),
+        # the member takes its shards over by promotion instead of recovering them.
+        self.sharded = standby or statelog.ShardedStore(
+            root, shards=shards, lazy=True, **store_options
+        )
         self.owned: dict[int, Reconciler] = {}
         self.generation = 0  # bumped by every rebalance callback
         consumer.subscribe(
@@ -439,8 +450,7 @@ class ShardedMember:
         for shard, parts in sorted(groups.items()):
             if len(parts) != len(TOPICS):
                 raise RuntimeError(f"partition {shard} is not assigned for every topic: {parts}")
-            store = self.sharded.open_shard(shard)  # recovers this shard alone
-            self.owned[shard] = Reconciler(store, self.sink, parts)
+            self.owned[shard] = Reconciler(self.take(shard), self.sink, parts)
         self.rewind()
 
     def rewind(self) -> None:
@@ -458,6 +468,14 @@ class ShardedMember:
             self.sharded.close_shard(shard)
         self.owned.clear()
         consumer.unassign()
+
+    def take(self, shard: int) -> statelog.StateStore:
+        """The shard's store: its standby promoted if this member keeps one, else recovered."""
+        if shard in self.sharded.standbys:
+            # Claims the shard from its dead owner (refused while the owner still holds
+            # its lock); the owner's directory can no longer be opened by a writer.
+            self.sharded.promote(shard)
+        return self.sharded.open_shard(shard)  # recovers this shard alone
 
     def step(self, batch: int = 500, poll_timeout_s: float = 1.0) -> int:
         """Poll one batch and commit it, one commit per shard it touches.

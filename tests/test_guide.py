@@ -38,6 +38,7 @@ import sys
 import threading
 import urllib.request
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -601,3 +602,31 @@ def test_main_refuses_a_store_that_needs_a_resnapshot_then_rebuilds(
 
 if __name__ == "__main__":
     _child(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))
+
+
+def test_a_member_with_a_standby_per_shard_takes_over_by_promotion(
+    kafka: Cluster, tmp_path: Path
+) -> None:
+    """The standby root follows every shard while the first member runs; it crashes mid-commit;
+    the second member joins with the standbys and promotes each shard it is assigned."""
+    root, copy, sink_path = tmp_path / "root", tmp_path / "copy", tmp_path / "verdicts.sqlite"
+    statelog.ShardedStore(root, shards=PARTITIONS).close()
+    standby = statelog.ShardedStore(copy, follow=root, follow_poll=timedelta(milliseconds=10))
+    sink_a, sink_b = CountingSink(sink_path, after=20), CountingSink(sink_path)
+    a = member(root, sink_a)
+    with pytest.raises(Crash):
+        drive([a])
+    fake(a.consumer).crash()  # the process is gone, and its locks with it
+    a.close()
+    assert standby.standbys == [0, 1, 2]
+    b = kr.ShardedMember(consumer(), copy, sink_b, shards=PARTITIONS, standby=standby)
+    drive([b])
+    assert sorted(b.owned) == [0, 1, 2] and standby.standbys == []
+    assert any(tp.offset > 0 for tp in fake(b.consumer).assigns[0])  # resumed, not restarted
+    b.consumer.close()
+    b.close()
+    assert verdicts_of(sink_path) == expected_verdicts()
+    assert sink_a.rows_changed + sink_b.rows_changed == len(expected_verdicts())
+    assert_shards_finished(copy, kafka)
+    with pytest.raises(statelog.ShardOpenError):
+        statelog.ShardedStore(root)  # the old root was claimed, shard by shard

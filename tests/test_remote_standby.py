@@ -274,6 +274,9 @@ def test_statelog_promote_cli_from_a_remote(
     assert cli(["promote", str(tmp_path / "copy"), "--source", env.url, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["epoch"] == 49 and doc["offsets"] == STREAM.model(49).offsets
+    with pytest.raises(statelog.StorePromotedError) as err:  # never a standby again
+        statelog.open(tmp_path / "copy", follow=env.url)
+    assert "remote=" in err.value.hint
     # A later promotion is a takeover like any other: it fences the writer promoted before.
     assert statelog.cli.main(["promote", str(tmp_path / "other"), "--source", env.url]) == 0
     capsys.readouterr()

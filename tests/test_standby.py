@@ -364,9 +364,91 @@ def test_two_promotions_of_one_source_exactly_one_wins(
         assert ro.epoch == 39  # reads of the old directory go on
     winner.close()
     loser.close()
-    third = tmp_path / "copy3"
-    statelog.open(third, follow=src, follow_poll=MANUAL).close()
-    assert cli_main(["promote", str(third), "--source", str(src)]) == 4
-    assert "PromotionLostError" in capsys.readouterr().err
-    with statelog.open(third, follow=src, follow_poll=MANUAL) as still:
-        assert still.standby and still.epoch == 39
+    with pytest.raises(statelog.StorePromotedError) as err:  # a new standby of the old source
+        statelog.open(tmp_path / "copy3", follow=src)
+    assert "follow the promoted copy" in err.value.hint
+    with pytest.raises(statelog.StorePromotedError) as err:  # the winner, as a standby again
+        statelog.open(winner.path, follow=src)
+    assert "without follow" in err.value.hint
+    loser_path = loser.path
+    assert cli_main(["promote", str(loser_path), "--source", str(src)]) == 4
+    assert "StorePromotedError" in capsys.readouterr().err
+
+
+def test_a_sharded_root_follows_and_promotes_shard_by_shard(tmp_path: Path) -> None:
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    model: dict[str, int] = {}
+    with statelog.ShardedStore(src, shards=3, **SMALL) as w:
+        for i in range(90):
+            key = f"order:{i % 40}"
+            model[key] = i
+            w.commit(offsets={"orders-0": i}, low_watermark_ms=i, put={key: i})
+        sb = statelog.ShardedStore(copy, follow=src, follow_poll=MANUAL)
+        assert sb.readonly and sb.standbys == [0, 1, 2]
+        assert dict(sb.items()) == model and sb.epochs == w.epochs
+        with pytest.raises(statelog.ReadOnlyStoreError):
+            sb.commit_shard(0, low_watermark_ms=100)
+        for i in range(90, 120):
+            model[f"order:{i % 40}"] = i
+            w.commit(offsets={"orders-0": i}, low_watermark_ms=i, put={f"order:{i % 40}": i})
+        for i in range(3):
+            sb.shard(i).catch_up()
+        assert dict(sb.items()) == model
+        epochs = w.epochs
+    assert (copy / "SHARDS").read_bytes() == (src / "SHARDS").read_bytes()
+    one = sb.promote(1)  # shard by shard: shard 1 alone first
+    assert list(one) == [1] and one[1].epoch == epochs[1] and sb.standbys == [0, 2]
+    key = next(k for k in (f"new:{n}" for n in range(100)) if sb.shard_for(k) == 1)
+    assert sb.commit_shard(1, low_watermark_ms=200, put={key: 1}) == epochs[1] + 1
+    with pytest.raises(statelog.ReadOnlyStoreError):
+        sb.shard(0).commit(offsets={}, low_watermark_ms=200)
+    rest = sb.promote()
+    assert sorted(rest) == [0, 2] and sb.standbys == [] and not sb.readonly
+    sb.close()
+    with statelog.ShardedStore(copy) as again:  # an ordinary root now
+        assert again.epochs == {0: epochs[0], 1: epochs[1] + 1, 2: epochs[2]}
+    with pytest.raises(statelog.ShardOpenError) as err:
+        statelog.ShardedStore(src)  # every shard of the old root was claimed
+    assert isinstance(err.value.cause, statelog.StorePromotedError)
+
+
+def test_a_sharded_standby_root_refuses_what_it_cannot_follow(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    statelog.ShardedStore(src, shards=2).close()
+    with pytest.raises(statelog.InvalidOptionError, match="sharded root directory"):
+        statelog.ShardedStore(tmp_path / "a", follow="s3://bucket/p")
+    with pytest.raises(statelog.InvalidOptionError, match="lazy"):
+        statelog.ShardedStore(tmp_path / "b", follow=src, lazy=True)
+    with pytest.raises(statelog.StoreNotFoundError):
+        statelog.ShardedStore(tmp_path / "c", follow=tmp_path / "nothing")
+    statelog.ShardedStore(tmp_path / "d", shards=3).close()
+    with pytest.raises(statelog.ShardMismatchError):
+        statelog.ShardedStore(tmp_path / "d", follow=src)
+    with statelog.ShardedStore(tmp_path / "e", shards=2) as plain, pytest.raises(
+        statelog.InvalidOptionError, match="not a standby root"
+    ):
+        plain.promote()
+
+
+def test_statelog_promote_cli_on_a_sharded_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from statelog.cli import main as cli_main
+
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    with statelog.ShardedStore(src, shards=3, **SMALL) as w:
+        for i in range(30):
+            w.commit(offsets={f"orders-{i % 3}": i}, low_watermark_ms=i, put={f"k{i}": i})
+        epochs = w.epochs
+    statelog.ShardedStore(copy, follow=src).close()  # its standby process is gone
+    assert cli_main(["promote", str(copy), "--source", str(src), "--shard", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert list(doc["shards"]) == ["2"] and doc["shards"]["2"]["epoch"] == epochs[2]
+    with statelog.ShardedStore(copy, follow=src) as half:  # shard 2 opens as a writer now
+        assert half.standbys == [0, 1] and not half.readonly
+    assert cli_main(["promote", str(copy), "--source", str(src)]) == 0
+    out = capsys.readouterr().out
+    assert f"shard 0 at epoch {epochs[0]}" in out and f"shard 1 at epoch {epochs[1]}" in out
+    assert "shard 2" not in out
+    plain = ["promote", str(tmp_path / "plain"), "--source", str(src / "x"), "--shard", "1"]
+    assert cli_main(plain) == 3

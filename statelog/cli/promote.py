@@ -18,8 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from statelog.cli.output import EXIT_OK
-from statelog.errors import PromotionRefusedError, StorageError, StoreNotFoundError
+from statelog.errors import (
+    InvalidOptionError,
+    PromotionRefusedError,
+    StorageError,
+    StoreNotFoundError,
+)
+from statelog.sharding.partition import MANIFEST
+from statelog.sharding.sharded import ShardedStore, ShardOpenError
 from statelog.store.standby_role import Promotion
+from statelog.store.store import StateStore
 from statelog.store.store import open as open_store
 
 __all__ = ["add_parser", "run"]
@@ -41,7 +49,9 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("copy", type=Path, metavar="COPY", help="the standby's store directory")
     p.add_argument(
-        "--source", required=True, metavar="SOURCE",
+        "--source",
+        required=True,
+        metavar="SOURCE",
         help="the store directory it follows, or the s3:// URL its writer ships to",
     )
     p.add_argument(
@@ -50,11 +60,44 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="promote even if SOURCE cannot be read (its host is gone): the copy as its "
         "standby last saw it; only when the source's writer is certainly dead",
     )
+    p.add_argument(
+        "--shard",
+        type=int,
+        metavar="N",
+        help="a sharded root: promote shard N only (default: every shard still a standby)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
 
 def run(args: argparse.Namespace) -> int:
     """Promote ``args.copy``; print where the writer resumes; return the exit status."""
+    sharded = (args.copy / MANIFEST).exists() or (
+        "://" not in args.source and (Path(args.source) / MANIFEST).exists()
+    )
+    if args.shard is not None and not sharded:
+        raise InvalidOptionError(
+            f"--shard {args.shard}: {args.copy} is not a sharded root",
+            hint="leave --shard out to promote a single store",
+        )
+    promoted = _promote_root(args) if sharded else {None: _promote_store(args)}
+    if args.json:
+        docs = {i: _doc(p) for i, p in promoted.items()}
+        doc = {"store": str(args.copy), **(docs[None] if not sharded else {"shards": docs})}
+        print(json.dumps(doc, indent=2))
+        return EXIT_OK
+    for i, p in promoted.items():
+        offsets = ", ".join(f"{part}={o}" for part, o in sorted(p.offsets.items())) or "-"
+        which = "" if i is None else f" shard {i}"
+        print(f"promoted {args.copy}{which} at epoch {p.epoch}")
+        print(f"resume from offsets {offsets}, watermark {p.low_watermark_ms}")
+    return EXIT_OK
+
+
+def _doc(p: Promotion) -> dict[str, Any]:
+    return {"epoch": p.epoch, "offsets": p.offsets, "low_watermark_ms": p.low_watermark_ms}
+
+
+def _promote_store(args: argparse.Namespace) -> Promotion:
     try:
         store = open_store(args.copy, follow=args.source)
     except (StoreNotFoundError, StorageError) as exc:
@@ -62,21 +105,24 @@ def run(args: argparse.Namespace) -> int:
             raise PromotionRefusedError(f"{args.source} cannot be read: {exc}") from exc
         store = open_store(args.copy)  # the copy as it is: its writer's open recovers it
     with store:
-        promoted = (
-            store.promote(force=args.force)
-            if store.standby
-            else Promotion(store.epoch, store.offsets, store.low_watermark_ms)
-        )
-    doc = {
-        "store": str(args.copy),
-        "epoch": promoted.epoch,
-        "offsets": promoted.offsets,
-        "low_watermark_ms": promoted.low_watermark_ms,
-    }
-    if args.json:
-        print(json.dumps(doc, indent=2))
-    else:
-        offsets = ", ".join(f"{p}={o}" for p, o in sorted(promoted.offsets.items())) or "-"
-        print(f"promoted {args.copy} at epoch {promoted.epoch}")
-        print(f"resume from offsets {offsets}, watermark {promoted.low_watermark_ms}")
-    return EXIT_OK
+        if store.standby:
+            return store.promote(force=args.force)
+        return Promotion(store.epoch, store.offsets, store.low_watermark_ms)
+
+
+def _promote_root(args: argparse.Namespace) -> dict[int | None, Promotion]:
+    """Every shard still a standby (or ``--shard``), one shard at a time."""
+    try:
+        root = ShardedStore(args.copy, follow=args.source)
+    except (StoreNotFoundError, StorageError, ShardOpenError) as exc:
+        if not args.force or not (args.copy / MANIFEST).exists():
+            raise PromotionRefusedError(f"{args.source} cannot be read: {exc}") from exc
+        with ShardedStore(args.copy) as forced:  # every shard's copy as it is
+            todo = [args.shard] if args.shard is not None else range(forced.shards)
+            return {i: _as_is(forced.shard(i)) for i in todo}
+    with root:
+        return {i: p for i, p in root.promote(args.shard, force=args.force).items()}
+
+
+def _as_is(store: StateStore) -> Promotion:
+    return Promotion(store.epoch, store.offsets, store.low_watermark_ms)

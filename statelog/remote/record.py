@@ -27,7 +27,7 @@ import msgspec
 
 from statelog.errors import CorruptionError
 from statelog.storage.fileio import FileLayer
-from statelog.storage.layout import IDENTITY
+from statelog.storage.layout import IDENTITY, REMOTE_RECORD
 
 __all__ = [
     "RECORD",
@@ -39,7 +39,7 @@ __all__ = [
     "update_record",
 ]
 
-RECORD = "remote.json"
+RECORD = REMOTE_RECORD
 
 
 class Shipped(msgspec.Struct, frozen=True):

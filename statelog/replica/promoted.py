@@ -33,7 +33,13 @@ from statelog.errors import PromotionLostError, StorePromotedError
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import PROMOTED, parse_json_doc
 
-__all__ = ["check_not_promoted", "claim_source", "read_promoted"]
+__all__ = [
+    "check_not_promoted",
+    "check_unclaimed",
+    "claim_source",
+    "promoted_here",
+    "read_promoted",
+]
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -101,3 +107,28 @@ def _describe(store: Path) -> str:
         return "its PROMOTED file is there but unreadable (a promotion that died as it wrote it)"
     copy, epoch = str(doc.get("copy", "?"))[:4096], doc.get("epoch", "?")
     return f"{copy!r} became the writer at epoch {epoch} (host {str(doc.get('host', '?'))[:255]})"
+
+
+def promoted_here(source: Path, copy: Path) -> bool:
+    """Whether ``source``'s ``PROMOTED`` names ``copy``: the copy is that promotion's writer."""
+    doc = read_promoted(source)
+    return doc is not None and doc.get("copy") == os.path.realpath(copy)
+
+
+def check_unclaimed(source: Path, copy: Path) -> None:
+    """Refuse to follow a source that a promotion claimed (its standby became a writer).
+
+    :raises StorePromotedError: ``source`` holds ``PROMOTED``: naming ``copy`` (open
+        it as the writer it became) or another copy (follow that one instead).
+    """
+    if read_promoted(source) is None:
+        return
+    if promoted_here(source, copy):
+        raise StorePromotedError(
+            f"{copy} was promoted from its source {source} already",
+            hint="open it without follow=: it is a writer's store now",
+        )
+    raise StorePromotedError(
+        f"{source} was taken over by a promoted standby: {_describe(source)}",
+        hint="follow the promoted copy instead: it is the writer's store now",
+    )

@@ -50,6 +50,7 @@ from statelog.sharding.partition import (
     read_manifest,
     shard_dir_name,
 )
+from statelog.sharding.standby import ShardStandby, follow_root, shard_follow
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import IDENTITY
 from statelog.store.options import check_store_path
@@ -78,7 +79,7 @@ class ShardOpenError(StatelogError):
         self.cause = cause
 
 
-class ShardedStore(ShardAccess):
+class ShardedStore(ShardAccess, ShardStandby):
     """``shards`` ordinary stores under ``root``, keys routed by hash or by key range.
 
     Reads route to one shard (``get``) or merge every shard (``items``,
@@ -110,7 +111,8 @@ class ShardedStore(ShardAccess):
             already opened are closed again. ``"report"``: it is left closed and
             listed in :attr:`failures`; the other shards open normally.
         :param store_options: passed to ``statelog.open`` for every shard
-            (``durability``, ``strict``, ``readonly``, ``segment_bytes``, ...).
+            (``durability``, ``strict``, ``readonly``, ...); ``follow=SOURCE_ROOT``: each
+            shard a standby of that root's same shard (:mod:`statelog.sharding.standby`).
         :raises InvalidOptionError: bad parameters or options, or a ``root`` that
             cannot name a directory; nothing was changed.
         :raises ShardMismatchError: parameters other than the manifest's; nothing was changed.
@@ -126,14 +128,18 @@ class ShardedStore(ShardAccess):
             raise InvalidOptionError(f"on_failure={on_failure!r}", hint="use 'raise' or 'report'")
         check_store_options(store_options)
         self.root = check_store_path(root)
-        self.readonly: bool = store_options.get("readonly", False)
         self._options = dict(store_options)
+        self._follow = self._options.pop("follow", None)
+        self.readonly: bool = store_options.get("readonly", False) or self._follow is not None
         self._files: FileLayer = store_options.get("file_layer") or FileLayer()
         self._lock = threading.RLock()
         self._stores: dict[int, StateStore] = {}
         self._failures: dict[int, StatelogError] = {}
         self._closed = False
         manifest = read_manifest(self.root, self._files)
+        if self._follow is not None:
+            manifest = follow_root(self.root, self._follow, self._files, lazy)
+            self._follow = Path(self._follow)
         if manifest is None:
             if self.readonly:
                 raise StoreNotFoundError(f"{self.root} holds no sharded store (no {MANIFEST})")
@@ -160,6 +166,7 @@ class ShardedStore(ShardAccess):
                     if on_failure == "raise":
                         self.close()
                         raise
+            self._finish_follow()
 
     @classmethod
     def open(cls, root: str | Path, shards: int | None = None, **options: Any) -> ShardedStore:
@@ -202,8 +209,14 @@ class ShardedStore(ShardAccess):
             if overrides:
                 check_store_options(options)
             path = self.shard_path(idx)
+            if self._follow is not None:
+                options.update(shard_follow(self._follow, idx, path))
             try:
-                if not (path / IDENTITY).is_file() and not options.get("readonly", False):
+                if (
+                    not (path / IDENTITY).is_file()
+                    and not options.get("readonly", False)
+                    and (self._follow is None)
+                ):
                     raise StoreNotFoundError(
                         f"{path} holds no statelog store",
                         hint="the shard's directory or IDENTITY is gone: restore it from a "

@@ -39,6 +39,7 @@ __all__ = [
     "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH",
     "PROMOTED",
+    "REMOTE_RECORD",
     "SNAPSHOT_DIR",
     "WAL_DIR",
     "StoreLayout",
@@ -50,6 +51,7 @@ WAL_DIR = "wal"
 SNAPSHOT_DIR = "snapshots"
 BASE_DIR = "base"
 PROMOTED = "PROMOTED"
+REMOTE_RECORD = "remote.json"  # the remote tier's record (statelog.remote.record)
 _KNOWN = {
     IDENTITY,
     IDENTITY + ".tmp",
@@ -67,8 +69,8 @@ _KNOWN = {
     "AUDIT.head.tmp",
     "AUDIT.lock",
     # The remote tier's shipping record (statelog.remote.record), and its temp file.
-    "remote.json",
-    "remote.json.tmp",
+    REMOTE_RECORD,
+    REMOTE_RECORD + ".tmp",
     # Left by the promotion of a standby that followed this store (statelog.replica.promoted).
     PROMOTED,
 }

@@ -46,18 +46,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from statelog.errors import (
+    CorruptionError,
     InvalidOptionError,
     PromotionRefusedError,
     StatelogError,
     StoreClosedError,
     StoreLockedError,
+    StorePromotedError,
 )
 from statelog.recovery.report import RecoveryReport
-from statelog.replica.promoted import claim_source
+from statelog.replica.promoted import check_unclaimed, claim_source
 from statelog.replica.standby import Lag, Standby
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
-from statelog.storage.layout import StoreLayout
+from statelog.storage.layout import REMOTE_RECORD, StoreLayout
 from statelog.storage.lock import LOCK_NAME, StoreLock
 from statelog.store.options import StoreOptions
 from statelog.store.writer import StoreWriter
@@ -112,6 +114,8 @@ class StandbyRole:
                     f"follow={source}: a store cannot follow itself",
                     hint="give the standby a directory of its own",
                 )
+            check_unclaimed(source, self.path)
+        _check_not_claimed_copy(self.path)
         StoreLayout(self.path).check_can_host()
         files.makedirs(self.path)
         self._standby_lock = StoreLock(self.path)
@@ -273,3 +277,22 @@ def _check_source_free(source: Path) -> None:
         ) from None
     finally:
         os.close(fd)
+
+
+def _check_not_claimed_copy(copy: Path) -> None:
+    """:raises StorePromotedError: ``copy`` holds a remote writer generation (promoted)."""
+    if not (copy / REMOTE_RECORD).exists():
+        return
+    from statelog.remote.record import load_record  # not at import: as above
+
+    try:
+        rec = load_record(copy)
+    except (CorruptionError, OSError):
+        return  # not a promoted copy's record: the standby's look judges the copy
+    if rec is not None and rec.generation:
+        raise StorePromotedError(
+            f"{copy} holds writer generation {rec.generation} of {rec.url}: it was promoted "
+            "(or is a writer's store)",
+            hint=f"open it as a writer with remote={rec.url!r}, or give the standby an empty "
+            "directory",
+        )
