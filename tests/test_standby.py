@@ -424,8 +424,9 @@ def test_a_sharded_standby_root_refuses_what_it_cannot_follow(tmp_path: Path) ->
     statelog.ShardedStore(tmp_path / "d", shards=3).close()
     with pytest.raises(statelog.ShardMismatchError):
         statelog.ShardedStore(tmp_path / "d", follow=src)
-    with statelog.ShardedStore(tmp_path / "e", shards=2) as plain, pytest.raises(
-        statelog.InvalidOptionError, match="not a standby root"
+    with (
+        statelog.ShardedStore(tmp_path / "e", shards=2) as plain,
+        pytest.raises(statelog.InvalidOptionError, match="not a standby root"),
     ):
         plain.promote()
 
@@ -452,3 +453,57 @@ def test_statelog_promote_cli_on_a_sharded_root(
     assert "shard 2" not in out
     plain = ["promote", str(tmp_path / "plain"), "--source", str(src / "x"), "--shard", "1"]
     assert cli_main(plain) == 3
+
+
+def _failover_chain(tmp_path: Path, rounds: int, seed: int) -> None:
+    """Kill the writer at a random commit, promote its standby, run the writer on the
+    promoted copy with a new standby of it, again and again: the final state is the
+    crash-free run's, and no promotion ever loses an acknowledged commit."""
+    rng = random.Random(seed)
+    primary = tmp_path / "store-0"
+    with statelog.open(primary, **SMALL) as w:
+        commit_range(w, 1, 5)
+    for r in range(rounds):
+        sb = statelog.open(tmp_path / f"store-{r + 1}", follow=primary, follow_poll=timedelta(
+            milliseconds=rng.choice([5, 20, 50])))  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "crash_writer.py"), str(primary), "--seed",
+             "5", "--count", "100000"],
+            stdout=subprocess.PIPE, text=True, cwd=REPO,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        opened, acked = 0, 0
+        kill_after = rng.randrange(1, 200)
+        for line in proc.stdout:
+            if line.startswith("open "):
+                opened = int(line.split()[1])
+            elif line.startswith("ack "):
+                acked = int(line.split()[1])
+                if acked - opened >= kill_after:
+                    break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        acked = max([acked] + [int(ln.split()[1]) for ln in proc.stdout if ln.startswith("ack ")])
+        if rng.random() < 0.3:
+            compact(
+                primary, retain=1, min_tail_bytes=0
+            )  # the dead writer's compactor ran once more
+        promoted = sb.promote()
+        assert promoted.epoch >= acked, (r, promoted.epoch, acked)
+        model = STREAM.model(promoted.epoch)
+        assert promoted.offsets == model.offsets and store_digest(sb) == model.digest()
+        sb.close()
+        with pytest.raises(statelog.StorePromotedError):
+            statelog.open(primary)  # the dead writer's directory is claimed for good
+        primary = sb.path
+    with statelog.open(primary, readonly=True) as last:
+        assert store_digest(last) == STREAM.model(last.epoch).digest()
+
+
+def test_a_chain_of_failovers_loses_no_acknowledged_commit(tmp_path: Path) -> None:
+    _failover_chain(tmp_path, rounds=3, seed=1)
+
+
+@pytest.mark.stress
+def test_a_long_chain_of_failovers_loses_no_acknowledged_commit(tmp_path: Path) -> None:
+    _failover_chain(tmp_path, rounds=25, seed=2)
