@@ -52,6 +52,7 @@ __all__ = [
     "peek_generation",
     "peek_seal",
     "salvage_frames",
+    "scan_from",
     "scan_segment",
 ]
 
@@ -212,8 +213,24 @@ def scan_segment(
     return scan
 
 
-def _scan_frames(scan: SegmentScan, view: memoryview, chain: int, is_last: bool) -> None:
-    off = HEADER_SIZE
+def scan_from(path: Path, data: bytes, *, chain: int, is_last: bool) -> SegmentScan:
+    """Verify the frames of the rest of a segment: ``data`` holds its bytes from a record
+    boundary of a prefix verified before, whose chain value there was ``chain``.
+
+    The header is not read again (``header`` stays None). Offsets in the result
+    (records, the stop) count from the start of ``data``. A first frame that does not
+    link to ``chain`` stops the scan as corrupt at offset 0: the bytes before it are not
+    the prefix that was verified.
+    """
+    scan = SegmentScan(path, len(data), None, end_crc=chain)
+    _scan_frames(scan, memoryview(data), chain, is_last, start=0)
+    return scan
+
+
+def _scan_frames(
+    scan: SegmentScan, view: memoryview, chain: int, is_last: bool, start: int = HEADER_SIZE
+) -> None:
+    off = start
     record_start = off
     parts: list[memoryview] = []
     size = len(view)

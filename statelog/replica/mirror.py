@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from statelog.errors import NotAStoreError, StorageError
-from statelog.format.wal import HEADER_SIZE
-from statelog.log.reader import StopKind, peek_seal, scan_segment
+from statelog.format.wal import HEADER_SIZE, parse_segment_name
+from statelog.log.reader import StopKind, peek_seal, scan_from, scan_segment
 from statelog.log.segments import list_segments
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
@@ -50,7 +50,7 @@ from statelog.storage.pins import (
 )
 from statelog.storage.snapshots import list_snapshots
 
-__all__ = ["MirrorResult", "mirror", "prune"]
+__all__ = ["MirrorResult", "Tails", "mirror", "prune"]
 
 _COPY_CHUNK = 1 << 20
 
@@ -73,8 +73,19 @@ class MirrorResult:
     """The last epoch the source's log holds, as far as its records verify."""
 
 
-def mirror(source: Path, dest: Path, files: FileLayer | None = None) -> MirrorResult:
+Tails = dict[str, tuple[int, int, int]]
+"""Per unsealed segment of the copy: where its verified copy ends (a record boundary),
+the chain value there and the records before it, so the next look reads and verifies
+only what follows."""
+
+
+def mirror(
+    source: Path, dest: Path, files: FileLayer | None = None, tails: Tails | None = None
+) -> MirrorResult:
     """Bring the copy at ``dest`` up to date with ``source`` (module docstring).
+
+    :param tails: kept by the caller from one look to the next: a look then reads
+        only the bytes of the source's live segment after what it copied before.
 
     :raises StoreNotFoundError: ``source`` holds no store.
     :raises NotAStoreError: ``dest`` holds another store, or a file.
@@ -101,8 +112,10 @@ def mirror(source: Path, dest: Path, files: FileLayer | None = None) -> MirrorRe
                 if f"snapshots/{p.name}" not in gone:
                     _copy_snapshot(p, dst.snapshots / p.name, files, result)
             present = [s for s in segs if f"wal/{s[2].name}" not in gone]
+            tails = {} if tails is None else tails
             for i, (_seq, first, p) in enumerate(present):
-                _copy_segment(p, dst.wal / p.name, files, result, is_last=i == len(present) - 1)
+                last = i == len(present) - 1
+                _copy_segment(p, dst.wal / p.name, files, result, is_last=last, tails=tails)
                 result.source_epoch = max(result.source_epoch, first - 1)
             prune(
                 dest, present[0][0] if present else None, {p.name for *_n, p in snaps},
@@ -148,18 +161,33 @@ def _copy_snapshot(source: Path, dest: Path, files: FileLayer, result: MirrorRes
 
 
 def _copy_segment(
-    source: Path, dest: Path, files: FileLayer, result: MirrorResult, *, is_last: bool
+    source: Path,
+    dest: Path,
+    files: FileLayer,
+    result: MirrorResult,
+    *,
+    is_last: bool,
+    tails: Tails,
 ) -> None:
     """Copy a sealed segment whole, or extend the copy of an unsealed one by what verifies."""
     size = source.stat().st_size
     have = dest.stat().st_size if dest.exists() else 0
     seal = peek_seal(source, size)
     if seal is not None:
+        tails.pop(dest.name, None)
         result.source_epoch = max(result.source_epoch, seal[0])
         if have == size:
             return
         result.copied_bytes += _copy_whole(source, dest, files)
         result.segments.append(f"wal/{dest.name}")
+        return
+    known = tails.get(dest.name)
+    if (
+        known is not None
+        and known[0] == have
+        and size >= have
+        and _extend(source, dest, files, result, known, is_last=is_last, tails=tails)
+    ):
         return
     data = files.read(source)
     scan = scan_segment(source, data, store_id=None, prev_crc=None, is_last=is_last)
@@ -167,11 +195,17 @@ def _copy_segment(
     if scan.header is None or (scan.stop.kind is StopKind.CORRUPT and scan.stop.offset == 0):
         return  # nothing that verifies yet: whoever reads the copy reports damage
     result.source_epoch = max(result.source_epoch, scan.header.first_lsn - 1 + len(scan.records))
-    if end <= have and have:
+    chain = scan.records[-1].crc if scan.records else scan.header.prev_crc
+    tails[dest.name] = (end, chain, len(scan.records))
+    if end == have and have and files.read(dest) == data[:end]:
         return
-    if have and files.read(dest)[:have] != data[:have]:
+    # The copy holds only records that verified in the source; if the source's verified
+    # prefix is now shorter, or differs, the source lost its tail (power loss took writes
+    # it had not synced) and wrote others: the copy takes the source's log whole.
+    if have and (have > end or files.read(dest)[:have] != data[:have]):
         files.create_durable(dest, data[:end])
         result.rewound.append(f"wal/{dest.name}")
+        result.copied_bytes += end
     elif have:
         out = files.open_append(dest)
         try:
@@ -179,10 +213,52 @@ def _copy_segment(
             out.sync()
         finally:
             out.close()
+        result.copied_bytes += end - have
     else:
         files.create_durable(dest, data[:end])
-    result.copied_bytes += end - have
+        result.copied_bytes += end
     result.segments.append(f"wal/{dest.name}")
+
+
+def _extend(
+    source: Path,
+    dest: Path,
+    files: FileLayer,
+    result: MirrorResult,
+    known: tuple[int, int, int],
+    *,
+    is_last: bool,
+    tails: Tails,
+) -> bool:
+    """Append to the copy what verifies after its end, reading only that part of the source.
+
+    False (nothing done) when the first frame there does not continue the copy's
+    chain: the source cut its tail since, and the whole segment is compared instead.
+    """
+    have, chain, before = known
+    with open(source, "rb") as fh:
+        fh.seek(have)
+        data = fh.read()
+    scan = scan_from(source, data, chain=chain, is_last=is_last)
+    if not scan.records and scan.stop.kind is StopKind.CORRUPT and scan.stop.offset == 0:
+        return False
+    records = before + len(scan.records)
+    named = parse_segment_name(dest.name)
+    assert named is not None  # the copy's segments were listed by name
+    result.source_epoch = max(result.source_epoch, named[1] - 1 + records)
+    if not scan.records:
+        return True
+    end = scan.records[-1].end
+    out = files.open_append(dest)
+    try:
+        out.write([memoryview(data)[:end]])
+        out.sync()
+    finally:
+        out.close()
+    tails[dest.name] = (have + end, scan.records[-1].crc, records)
+    result.copied_bytes += end
+    result.segments.append(f"wal/{dest.name}")
+    return True
 
 
 def prune(

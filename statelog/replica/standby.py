@@ -46,7 +46,7 @@ from statelog.log.changes import read_records
 from statelog.ops import metrics
 from statelog.recovery.ladder import recover_store
 from statelog.recovery.report import RecoveryReport
-from statelog.replica.mirror import MirrorResult, mirror
+from statelog.replica.mirror import MirrorResult, Tails, mirror
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
@@ -95,6 +95,7 @@ class Standby:
         self.path, self.source = path, source
         self._files = files or FileLayer()
         self._view, self._install, self._poll = view, install, poll
+        self._tails: Tails = {}  # where the copy of the source's live segment was verified
         first = self._look()
         self._layout = StoreLayout(path)
         self.store_id = self._layout.read_identity(self._files)
@@ -158,7 +159,7 @@ class Standby:
 
     def _look(self) -> MirrorResult:
         if isinstance(self.source, Path):
-            return mirror(self.source, self.path, self._files)
+            return mirror(self.source, self.path, self._files, self._tails)
         return self.source.mirror(self.path, self._files)
 
     def _apply(self) -> None:
