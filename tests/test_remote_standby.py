@@ -130,7 +130,8 @@ def test_a_damaged_newest_snapshot_is_walked_past(tmp_path: Path, env: Remote) -
         compact(src, retain=3, min_tail_bytes=0)
         commit_range(w, 120, 130)
     ship(src, env.url)
-    m = read_manifest(env.client(), statelog.open(src, readonly=True).store_id)
+    with statelog.open(src, readonly=True) as ro:
+        m = read_manifest(env.client(), ro.store_id)
     assert m is not None and len(m.manifest.snapshots) >= 2
     env.damage(m.manifest.snapshots[0].key)
     with statelog.open(copy, follow=env.url, follow_poll=MANUAL) as sb:

@@ -205,8 +205,10 @@ def test_one_standby_per_copy(tmp_path: Path) -> None:
             statelog.open(tmp_path / "copy", follow=tmp_path / "src")
         with pytest.raises(statelog.StoreLockedError):
             statelog.open(tmp_path / "copy")
-    with pytest.raises(statelog.InvalidOptionError):
-        statelog.open(tmp_path / "src", readonly=True).promote()
+    with statelog.open(tmp_path / "src", readonly=True) as ro, pytest.raises(
+        statelog.InvalidOptionError
+    ):
+        ro.promote()
 
 
 def test_the_copy_holds_whole_records_only_and_the_promoted_writer_continues(
