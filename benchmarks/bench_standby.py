@@ -51,6 +51,28 @@ def test_failover(benchmark: Any, standby_keys: int, sizes: Sizes, tmp_path: Pat
     assert doc["promoted_epoch"] >= doc["acked_epoch"] == doc["cold_epoch"]
 
 
+@pytest.mark.parametrize("poll_ms", [100, 500], ids=["poll100ms", "poll500ms"])
+def test_standby_lag(benchmark: Any, poll_ms: int, sizes: Sizes, tmp_path: Path) -> None:
+    keys, seconds = sizes.standby_keys[0], sizes.standby_seconds
+    run_probe(["template", str(tmp_path / "t"), "--keys", str(keys)], timeout=4 * 3600)
+    clone_store(tmp_path / "t" / "store", tmp_path / "run" / "primary")
+    args = ["-m", "benchmarks.standby_lag", "lag", str(tmp_path / "run"), "--keys", str(keys)]
+    args += ["--seconds", str(seconds), "--poll-ms", str(poll_ms)]
+    docs: list[dict[str, Any]] = []
+
+    def run() -> None:
+        out = subprocess.run(
+            [sys.executable, *args], cwd=ROOT, env=_ENV, capture_output=True, text=True,
+            check=True, timeout=3600,
+        )  # fmt: skip
+        docs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    doc = docs[-1]
+    benchmark.extra_info.update(suite="standby_lag", **doc)
+    assert doc["caught_up"] and doc["commits"] > 0
+
+
 def test_changes(benchmark: Any, sizes: Sizes, tmp_path: Path) -> None:
     keys = max(sizes.standby_keys[0], 10_000)
     args = ["changes", str(tmp_path), "--keys", str(keys)]

@@ -61,6 +61,8 @@ class Sizes:
     """State sizes of the failover suite (``bench_standby.py``)."""
     changes_commits: int
     """Checkpoints of 10,000 updates the changes-feed probe reads back."""
+    standby_seconds: float
+    """Seconds of sustained commits the standby-lag probe samples (at ``standby_keys[0]``)."""
     sustained: tuple[tuple[int, float, int | None], ...]
     """(keys, seconds, the writer's overlay bound in MiB or None) of the sustained-load
     suite (``bench_sustained.py``)."""
@@ -79,7 +81,7 @@ SIZES = {
         restart_keys=(300,), restart_history=100, restart_tail=50, repeats=1, memory_keys=(300,),
         daemon_keys=300, daemon_checkpoints=3, remote_keys=2000, remote_seconds=1.0,
         build_keys=(2_000,), pass_keys=(2_000,), pass_tail=100, standby_keys=(2_000,),
-        changes_commits=3,
+        changes_commits=3, standby_seconds=2.0,
         sustained=((2_000, 1.0, None), (2_000, 1.0, 16)),
     ),
     "quick": Sizes(
@@ -90,7 +92,7 @@ SIZES = {
         restart_tail=10_000, repeats=3, memory_keys=(100_000,), daemon_keys=100_000,
         daemon_checkpoints=40, remote_keys=100_000, remote_seconds=5.0,
         build_keys=(100_000, 1_000_000), pass_keys=(100_000, 1_000_000), pass_tail=10_000,
-        standby_keys=(100_000,), changes_commits=50,
+        standby_keys=(100_000,), changes_commits=50, standby_seconds=8.0,
         sustained=((100_000, 20.0, None), (100_000, 20.0, 32)),
     ),
     "full": Sizes(
@@ -103,7 +105,7 @@ SIZES = {
         memory_keys=(1_000_000, 10_000_000), daemon_keys=1_000_000, daemon_checkpoints=60,
         remote_keys=1_000_000, remote_seconds=10.0, build_keys=(1_000_000, 10_000_000),
         pass_keys=(1_000_000, 10_000_000), pass_tail=100_000,
-        standby_keys=(1_000_000, 10_000_000), changes_commits=200,
+        standby_keys=(1_000_000, 10_000_000), changes_commits=200, standby_seconds=60.0,
         sustained=(
             (1_000_000, 120.0, None), (1_000_000, 120.0, 32), (10_000_000, 600.0, 24)
         ),

@@ -524,15 +524,27 @@ def test_a_look_reads_only_what_the_live_segment_gained(
         whole.append(path)
         return real(path, *args, **kwargs)
 
-    with statelog.open(src, segment_bytes=64 << 20) as w:
-        commit_range(w, 1, 50)
-        with statelog.open(copy, follow=src, follow_poll=MANUAL) as sb:
-            monkeypatch.setattr(mirror_module, "scan_segment", counting)
-            for n in range(5):
-                commit_range(w, 50 + 10 * n, 60 + 10 * n)
-                assert sb.catch_up().epochs == 0 and sb.epoch == 59 + 10 * n
-                assert store_digest(sb) == STREAM.model(sb.epoch).digest()
-            assert whole == []  # each look verified only the frames it had not seen
+    copied: list[Path] = []
+    real_copy = mirror_module._copy_whole
+
+    def copying(source: Path, *args: Any) -> int:
+        copied.append(source)
+        return real_copy(source, *args)
+
+    w = statelog.open(src, segment_bytes=64 << 20)
+    commit_range(w, 1, 50)
+    with statelog.open(copy, follow=src, follow_poll=MANUAL) as sb:
+        monkeypatch.setattr(mirror_module, "scan_segment", counting)
+        monkeypatch.setattr(mirror_module, "_copy_whole", copying)
+        for n in range(5):
+            commit_range(w, 50 + 10 * n, 60 + 10 * n)
+            assert sb.catch_up().epochs == 0 and sb.epoch == 59 + 10 * n
+            assert store_digest(sb) == STREAM.model(sb.epoch).digest()
+        w.close()  # seals the live segment: the copy gets only the SEAL frame
+        sb.catch_up()
+        assert whole == [] and copied == []  # each look verified only what it had not seen
+        for p in segments(src):
+            assert (copy / "wal" / p.name).read_bytes() == p.read_bytes()
 
 
 def test_a_source_that_lost_its_unsynced_tail_replaces_the_copy(tmp_path: Path) -> None:

@@ -69,6 +69,10 @@ class MirrorResult:
     """Segments whose copy was not a prefix of the source's (the source cut its tail
     after a crash): replaced by the source's verified prefix."""
     copied_bytes: int = 0
+    gained: list[tuple[str, bytes, int]] = field(default_factory=list)
+    """Records appended to the copy's live segment by this look, verified: (segment name,
+    payload, size in the log), in log order; a standby applies them without reading the
+    segment again."""
     source_epoch: int = 0
     """The last epoch the source's log holds, as far as its records verify."""
 
@@ -174,11 +178,13 @@ def _copy_segment(
     have = dest.stat().st_size if dest.exists() else 0
     seal = peek_seal(source, size)
     if seal is not None:
-        tails.pop(dest.name, None)
+        known = tails.pop(dest.name, None)
         result.source_epoch = max(result.source_epoch, seal[0])
         if have == size:
             return
-        result.copied_bytes += _copy_whole(source, dest, files)
+        if known is None or known[0] != have or not _seal_copy(source, dest, files, known):
+            _copy_whole(source, dest, files)
+        result.copied_bytes += size - have
         result.segments.append(f"wal/{dest.name}")
         return
     known = tails.get(dest.name)
@@ -220,6 +226,28 @@ def _copy_segment(
     result.segments.append(f"wal/{dest.name}")
 
 
+def _seal_copy(source: Path, dest: Path, files: FileLayer, known: tuple[int, int, int]) -> bool:
+    """Complete the copy of a segment sealed since the last look with what follows its end.
+
+    False (nothing done) unless those bytes verify whole, from the copy's chain
+    to the SEAL and the end of the file: the segment is then copied whole.
+    """
+    have, chain, _records = known
+    with open(source, "rb") as fh:
+        fh.seek(have)
+        data = fh.read()
+    scan = scan_from(source, data, chain=chain, is_last=False)
+    if scan.stop.kind is not StopKind.CLEAN or scan.sealed_lsn is None:
+        return False
+    out = files.open_append(dest)
+    try:
+        out.write([data])
+        out.sync()
+    finally:
+        out.close()
+    return True
+
+
 def _extend(
     source: Path,
     dest: Path,
@@ -256,6 +284,7 @@ def _extend(
     finally:
         out.close()
     tails[dest.name] = (have + end, scan.records[-1].crc, records)
+    result.gained += [(dest.name, bytes(r.payload), r.end - r.offset) for r in scan.records]
     result.copied_bytes += end
     result.segments.append(f"wal/{dest.name}")
     return True

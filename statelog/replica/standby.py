@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from statelog.errors import ChangesUnavailableError, CorruptionError, StatelogError
+from statelog.format.records import CommitRecord, RecordSchemaError, decode_record
 from statelog.log.changes import read_records
 from statelog.ops import metrics
 from statelog.recovery.ladder import recover_store
@@ -96,6 +97,7 @@ class Standby:
         self._files = files or FileLayer()
         self._view, self._install, self._poll = view, install, poll
         self._tails: Tails = {}  # where the copy of the source's live segment was verified
+        self._reading: tuple[int, str] | None = None  # segment of the last record read back
         first = self._look()
         self._layout = StoreLayout(path)
         self.store_id = self._layout.read_identity(self._files)
@@ -148,7 +150,7 @@ class Standby:
             result = self._look()
             if result.snapshots or result.rewound:
                 self._recover()
-            else:
+            elif not self._apply_gained(result):
                 try:
                     self._apply()
                 except ChangesUnavailableError:
@@ -162,6 +164,31 @@ class Standby:
             return mirror(self.source, self.path, self._files, self._tails)
         return self.source.mirror(self.path, self._files)
 
+    def _apply_gained(self, result: MirrorResult) -> bool:
+        """Apply the records the look appended to the segment the state was read up to;
+        False (nothing applied) unless they are all of that look and continue the state's
+        epoch: the copy is then read back instead."""
+        gained = result.gained
+        if not gained or self._reading is None or result.segments != [f"wal/{gained[0][0]}"]:
+            return False
+        sequence, name = self._reading
+        decoded: list[tuple[CommitRecord, int]] = []
+        epoch = self.state.epoch
+        for seg, payload, size in gained:
+            try:
+                rec = decode_record(payload)
+            except RecordSchemaError:
+                return False  # read back, the reader names the damage
+            if seg != name or rec.epoch != epoch + 1:
+                return False
+            epoch = rec.epoch
+            decoded.append((rec, size))
+        for rec, size in decoded:
+            with self._view:
+                self.state.begin_generation(sequence)
+                self.state.apply_record(rec, size)
+        return True
+
     def _apply(self) -> None:
         """Apply the records the copy holds after the state's epoch, one commit at a time."""
         records = read_records(self.path, self.state.epoch, files=self._files)
@@ -170,6 +197,7 @@ class Standby:
                 with self._view:
                     self.state.begin_generation(r.sequence)
                     self.state.apply_record(r.record, r.size)
+                self._reading = (r.sequence, r.path.name)
         except CorruptionError:
             log.error(
                 "event=standby_damage store=%s epoch=%d hint=%s",
@@ -198,6 +226,7 @@ class Standby:
         """Recover the copy again and install its state; the old one is closed after
         (its reads in flight end first: the base waits for them)."""
         state, report = self._recover_copy()
+        self._reading = None
         with self._view:
             old, self.state, self.report = self.state, state, report
             self._install(state)
