@@ -1,6 +1,6 @@
 """The failover and changes-feed probes: each prints one JSON line.
 
-    python -m benchmarks.failover promote DIR --keys N [--commits C]
+    python -m benchmarks.failover promote DIR --keys N [--commits C] [--remote URL]
     python -m benchmarks.failover changes DIR --keys N [--commits C]
 
 ``promote``: ``DIR/primary`` is a loaded, compacted store (a template clone).
@@ -10,7 +10,10 @@ primary and is SIGKILLed once it has acknowledged them. Timed from the kill:
 ``standby.promote()`` and the promoted writer's first durable commit. Then,
 side by side, the cold path a standby saves: the primary's files copied into
 an empty directory (``DIR/cold``) and opened by a writer, then its first
-durable commit. RssAnon of this process is read after the standby's first sync.
+durable commit. With ``--remote URL`` (connection in the ``AWS_*`` environment), also
+(c): the primary shipped there (untimed), then ``statelog restore`` into an empty
+directory, its open and its first durable commit, timed. RssAnon of this process is
+read after the standby's first sync.
 
 ``changes``: a store of ``C`` checkpoints of ``--updates`` updates over ``N``
 keys, read back whole through ``store.changes()``: epochs and updates per second.
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import statelog
+from statelog.remote import restore, ship
 
 from .probe import _emit, rss, start_probe
 from .strategies import commit_checkpoint
@@ -36,7 +40,7 @@ from .workload import Workload
 __all__ = ["main"]
 
 
-def promote(d: Path, keys: int, commits: int) -> dict[str, Any]:
+def promote(d: Path, keys: int, commits: int, url: str | None) -> dict[str, Any]:
     """The ``promote`` probe (module docstring)."""
     primary, copy, cold = d / "primary", d / "copy", d / "cold"
     t0 = time.perf_counter()
@@ -64,7 +68,9 @@ def promote(d: Path, keys: int, commits: int) -> dict[str, Any]:
         commit_checkpoint(s, workload.checkpoint(commits))
         cold_commit = time.perf_counter()
         cold_epoch = s.epoch - 1
+    remote = _restore(d, url, workload, commits) if url is not None else {}
     return {
+        **remote,
         "keys": keys,
         "tail_commits": commits,
         "tail_updates": commits * min(10_000, keys),
@@ -78,6 +84,28 @@ def promote(d: Path, keys: int, commits: int) -> dict[str, Any]:
         "cold_copy_seconds": copied - t0,
         "cold_open_seconds": opened - copied,
         "cold_to_commit_seconds": cold_commit - t0,
+    }
+
+
+def _restore(d: Path, url: str, workload: Workload, commits: int) -> dict[str, Any]:
+    """(c): the primary shipped (untimed: what its host's daemon had shipped, its sealed
+    segments and snapshots), then timed: ``statelog restore`` into an empty directory,
+    the writer's open and its first durable commit."""
+    shipped = ship(d / "primary", url)
+    t0 = time.perf_counter()
+    res = restore(url, d / "restored")
+    restored = time.perf_counter()
+    with statelog.open(d / "restored") as s:
+        opened = time.perf_counter()
+        commit_checkpoint(s, workload.checkpoint(commits))
+        done = time.perf_counter()
+    return {
+        "restore_shipped_bytes": shipped.bytes_uploaded,
+        "restore_downloaded_bytes": res.bytes_downloaded,
+        "restored_epoch": res.epoch,
+        "restore_seconds": restored - t0,
+        "restore_open_seconds": opened - restored,
+        "restore_to_commit_seconds": done - t0,
     }
 
 
@@ -104,9 +132,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--keys", type=int, required=True)
     ap.add_argument("--commits", type=int, default=10)
     ap.add_argument("--updates", type=int, default=10_000)
+    ap.add_argument("--remote", default=None, help="promote: also restore from this URL")
     a = ap.parse_args(argv)
     if a.probe == "promote":
-        _emit(promote(a.dir, a.keys, a.commits))
+        _emit(promote(a.dir, a.keys, a.commits, a.remote))
     else:
         _emit(changes(a.dir, a.keys, a.updates, a.commits))
 
