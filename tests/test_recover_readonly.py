@@ -153,3 +153,31 @@ def test_no_store_is_refused_without_a_trace(tmp_path: Path, private_tmp: Path) 
     with pytest.raises(statelog.ResnapshotRequired):
         recover_readonly(path)
     assert list(private_tmp.iterdir()) == []
+
+
+def test_a_read_only_store_never_closed_leaves_no_directory(tmp_path: Path) -> None:
+    """Its private image directory goes when it is collected, or when the process exits."""
+    import os
+    import subprocess
+    import sys
+
+    store, scratch = tmp_path / "store", tmp_path / "tmp"
+    scratch.mkdir()
+    with statelog.open(store) as w:
+        w.commit(offsets={}, low_watermark_ms=0, put={"a": 1})
+    compact(store, min_tail_bytes=0)
+    code = (
+        "import sys, statelog\n"
+        "ro = statelog.open(sys.argv[1], readonly=True)\n"
+        "assert ro.get('a') == 1\n"
+        "gone = statelog.open(sys.argv[1], readonly=True)\n"
+        "del gone\n"  # collected
+        "print(len(__import__('os').listdir(sys.argv[2])))\n"
+    )
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(store), str(scratch)],
+        env=env, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    assert out.stdout.strip() == "1"  # the one still open, not the one collected
+    assert list(scratch.iterdir()) == []  # the process exited without closing it

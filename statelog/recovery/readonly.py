@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import weakref
 import uuid
 from pathlib import Path
 
@@ -36,7 +37,7 @@ class ReadOnlyRecovery:
     and remove the private image directory. ``state`` must not be read after.
     """
 
-    __slots__ = ("_image_dir", "report", "root", "state", "store_id")
+    __slots__ = ("__weakref__", "_image_dir", "_remove", "report", "root", "state", "store_id")
 
     def __init__(
         self,
@@ -52,6 +53,9 @@ class ReadOnlyRecovery:
         """The recovered state: every commit of the verified log, nothing more."""
         self.report = report
         self._image_dir: Path | None = image_dir
+        # A store never closed still leaves no directory behind: removed when it is
+        # collected, or at the latest when the interpreter exits.
+        self._remove = weakref.finalize(self, shutil.rmtree, image_dir, ignore_errors=True)
 
     @property
     def image_dir(self) -> Path | None:
@@ -67,7 +71,7 @@ class ReadOnlyRecovery:
         if self._image_dir is None:
             return
         self.state.base.close()
-        shutil.rmtree(self._image_dir, ignore_errors=True)
+        self._remove()
         self._image_dir = None
 
     def __enter__(self) -> ReadOnlyRecovery:
