@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import weakref
 import uuid
+import weakref
 from pathlib import Path
 
 from statelog.errors import StorageError
