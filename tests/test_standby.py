@@ -586,3 +586,24 @@ def test_a_source_that_lost_its_unsynced_tail_replaces_the_copy(tmp_path: Path) 
         result = sb.catch_up()
         assert result.epochs == 0 and sb.epoch == 35 and store_digest(sb) == want
     sb.close()
+
+
+def test_the_standby_keeps_each_key_once_however_many_segments_it_applies(
+    tmp_path: Path,
+) -> None:
+    """No snapshot folds a standby's overlay by segment: it holds one generation of
+    everything sealed and the newest, so its memory follows the keys, not the updates."""
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    with statelog.open(src, segment_bytes=4096) as w:
+        commit_range(w, 1, 10)
+        with statelog.open(copy, follow=src, follow_poll=MANUAL) as sb:
+            for n in range(10):
+                commit_range(w, 10 + 30 * n, 40 + 30 * n)
+                sb.catch_up()
+            assert len(segments(src)) > 20
+            generations = sb._state.generations
+            assert len(generations) <= 2
+            entries = sum(len(t) for g in generations for t in g.tables.values())
+            keys = {k for g in generations for t in g.tables.values() for k in t}
+            assert entries <= 2 * len(keys)  # each key at most once per generation
+            assert store_digest(sb) == STREAM.model(309).digest()

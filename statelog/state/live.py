@@ -86,8 +86,13 @@ class LiveState:
         self._sealed: dict[str, _Sealed] = {}  # cleared whenever the sealed set changes
 
     # -- writing ----------------------------------------------------------
-    def begin_generation(self, segment: int) -> None:
-        """Start a new generation for records of WAL segment ``segment``."""
+    def begin_generation(self, segment: int, limit: int = MAX_GENERATIONS) -> None:
+        """Start a new generation for records of WAL segment ``segment``.
+
+        :param limit: above this many generations the two oldest are merged. A
+            standby, whose base no snapshot swap folds, passes 2: one generation of
+            everything sealed (each key once) and the newest.
+        """
         top = self.generations[-1]
         if top.segment == segment:
             return
@@ -96,7 +101,7 @@ class LiveState:
             return
         self.generations.append(Generation(segment, self.epoch + 1))
         self._sealed.clear()
-        if len(self.generations) > MAX_GENERATIONS:
+        while len(self.generations) > max(2, limit):
             self._merge_oldest()
 
     def apply(
