@@ -37,6 +37,7 @@ __all__ = [
     "TableDelta",
     "check_record",
     "decode_record",
+    "decode_record_values",
     "decode_value",
     "encode_record",
     "encode_value",
@@ -99,6 +100,16 @@ encode_record = _encoder.encode
 """Encode a :class:`CommitRecord` to its payload bytes."""
 
 
+def decode_record_values(payload: bytes | memoryview) -> tuple[CommitRecord, list[list[Any]]]:
+    """:func:`decode_record`, and every table's values decoded: the schema check decodes
+    each value anyway, so a reader that wants them (a changes feed) keeps them.
+
+    :raises RecordSchemaError: as :func:`decode_record`.
+    """
+    values: list[list[Any]] = []
+    return _decode(payload, values), values
+
+
 def decode_record(payload: bytes | memoryview) -> CommitRecord:
     """Decode a payload that already passed its frame checksum, and check it against the schema.
 
@@ -111,17 +122,21 @@ def decode_record(payload: bytes | memoryview) -> CommitRecord:
         (a bug, a foreign writer or a crafted file, never bit rot; callers
         treat it as corruption).
     """
+    return _decode(payload, None)
+
+
+def _decode(payload: bytes | memoryview, values: list[list[Any]] | None) -> CommitRecord:
     try:
         rec = _record_decoder.decode(payload)
     except DECODE_ERRORS as exc:
         raise RecordSchemaError(f"verified frame holds no commit record: {exc}") from None
-    why = check_record(rec)
+    why = check_record(rec, values)
     if why is not None:
         raise RecordSchemaError(f"verified frame breaks the commit record schema: {why}")
     return rec
 
 
-def check_record(rec: CommitRecord) -> str | None:
+def check_record(rec: CommitRecord, values: list[list[Any]] | None = None) -> str | None:
     """Why a decoded ``rec`` breaks the schema beyond what msgspec checks, or None.
 
     Each table: a valid name (:func:`~statelog.format.limits.table_name_problem`),
@@ -129,13 +144,19 @@ def check_record(rec: CommitRecord) -> str | None:
     ``bytes`` within :data:`~statelog.format.limits.MAX_KEY_BYTES`, and every
     value one complete msgpack object, nested no deeper than a read can decode.
     Never raises.
+
+    :param values: if given, each table's decoded values are appended to it.
     """
     for i, t in enumerate(rec.tables):
         why = table_name_problem(t.name)
         if why is None and len(t.keys) != len(t.values):
             why = f"{len(t.keys)} keys but {len(t.values)} values"
         if why is None:
-            why = _keys_problem(t.keys) or _keys_problem(t.deletes) or _values_problem(t.values)
+            why = (
+                _keys_problem(t.keys)
+                or _keys_problem(t.deletes)
+                or _values_problem(t.values, values)
+            )
         if why is not None:
             return f"table delta {i}: {why}"
     return None
@@ -155,7 +176,7 @@ def _keys_problem(keys: list[Any]) -> str | None:
     return None
 
 
-def _values_problem(values: list[bytes]) -> str | None:
+def _values_problem(values: list[bytes], out: list[list[Any]] | None = None) -> str | None:
     """Why some value does not decode, or None: each is decoded as a read decodes it.
 
     Decoding is the only complete check: a skip over the msgpack structure
@@ -164,11 +185,23 @@ def _values_problem(values: list[bytes]) -> str | None:
     """
     dec = _value_decoder.decode
     try:
-        for v in values:
-            dec(v)
+        if out is None:
+            for v in values:
+                dec(v)
+        else:
+            out.append(list(map(dec, values)))
     except DECODE_ERRORS as exc:
-        return f"value {values.index(v)} does not decode: {exc}"
+        bad = next(i for i, v in enumerate(values) if _fails(v))
+        return f"value {bad} does not decode: {exc}"
     return None
+
+
+def _fails(value: bytes) -> bool:
+    try:
+        _value_decoder.decode(value)
+    except DECODE_ERRORS:
+        return True
+    return False
 
 
 def decode_value(data: bytes) -> Any:

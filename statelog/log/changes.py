@@ -50,6 +50,7 @@ from statelog.format.records import (
     Key,
     RecordSchemaError,
     decode_record,
+    decode_record_values,
     decode_value,
 )
 from statelog.log.reader import SegmentScan, StopKind, peek_generation, scan_segment
@@ -96,19 +97,23 @@ class Change:
         return sum(len(t.puts) + len(t.deletes) for t in self.tables.values())
 
 
-def _change(rec: CommitRecord, path: Path, offset: int) -> Change:
+def _change(r: LogRecord) -> Change:
+    rec = r.record
     tables: dict[str, TableChange] = {}
     try:
-        for t in rec.tables:
+        for i, t in enumerate(rec.tables):
             old = tables.get(t.name)
             puts = dict(old.puts) if old else {}
             for k in t.deletes:
                 puts.pop(k, None)
-            puts.update(zip(t.keys, map(decode_value, t.values), strict=True))
+            values = r.values[i] if r.values is not None else map(decode_value, t.values)
+            puts.update(zip(t.keys, values, strict=True))
             dels = tuple(old.deletes) if old else ()
             tables[t.name] = TableChange(puts, dels + tuple(t.deletes))
     except DECODE_ERRORS as exc:  # decode_record checked every value: damage past the checks
-        raise CorruptionError(path, offset, f"a value does not decode: {exc}", hint=_HINT) from exc
+        raise CorruptionError(
+            r.path, r.offset, f"a value does not decode: {exc}", hint=_HINT
+        ) from exc
     return Change(rec.epoch, dict(rec.offsets), rec.low_watermark_ms, tables)
 
 
@@ -124,6 +129,8 @@ class LogRecord:
     offset: int
     size: int
     """Its bytes in the log, frames included."""
+    values: list[list[Any]] | None = None
+    """Each table's values decoded, if asked for (``read_records(values=True)``)."""
 
 
 Segment = tuple[int, int, Path]
@@ -205,10 +212,12 @@ def read_changes(
     :raises FormatVersionError: a segment of a newer format.
     :raises StorageError: an I/O error (never taken for damage).
     """
-    records = read_records(root, since, files=files, follow=follow, poll=poll, upto=upto, stop=stop)
+    records = read_records(
+        root, since, files=files, follow=follow, poll=poll, upto=upto, stop=stop, values=True
+    )
     try:
         for r in records:
-            yield _change(r.record, r.path, r.offset)
+            yield _change(r)
     finally:
         records.close()
 
@@ -222,8 +231,10 @@ def read_records(
     poll: float = 0.5,
     upto: Callable[[], int] | None = None,
     stop: Callable[[], bool] | None = None,
+    values: bool = False,
 ) -> Generator[LogRecord, None, None]:
-    """:func:`read_changes`, as the verified records themselves (values still encoded)."""
+    """:func:`read_changes`, as the verified records themselves (values still encoded;
+    with ``values``, also decoded: :attr:`LogRecord.values`)."""
     if not isinstance(since, int) or isinstance(since, bool) or since < 0:
         raise InvalidOptionError(f"since={since!r}", hint="give an epoch: an int >= 0")
     if not isinstance(poll, int | float) or not poll > 0:
@@ -241,7 +252,7 @@ def read_records(
             relist = False
             if cur is not None:
                 rest = _from(root, segments, cur)
-                relist = yield from _read_on(root, files, store_id, rest, cur, upto, held)
+                relist = yield from _read_on(root, files, store_id, rest, cur, upto, held, values)
             if relist:
                 continue
             if not follow or (stop is not None and stop()):
@@ -298,6 +309,7 @@ def _read_on(
     cur: _Cursor,
     upto: Callable[[], int] | None,
     held: _Pin,
+    values: bool = False,
 ) -> Generator[LogRecord, None, bool]:
     """Yield from ``segments`` on; return whether every one was sealed (list again)."""
     for n, seg in enumerate(segments):
@@ -312,7 +324,11 @@ def _read_on(
                 epoch += 1
                 continue
             try:
-                decoded = decode_record(rec.payload)
+                decoded_values: list[list[Any]] | None = None
+                if values:
+                    decoded, decoded_values = decode_record_values(rec.payload)
+                else:
+                    decoded = decode_record(rec.payload)
             except RecordSchemaError as exc:
                 raise CorruptionError(path, rec.offset, exc.message, hint=_HINT) from None
             if decoded.epoch != epoch + 1:
@@ -323,7 +339,8 @@ def _read_on(
                 return False  # not durable yet: look again later
             if epoch > cur.last:
                 cur.last = epoch
-                yield LogRecord(decoded, seg[0], path, rec.offset, rec.end - rec.offset)
+                size = rec.end - rec.offset
+                yield LogRecord(decoded, seg[0], path, rec.offset, size, decoded_values)
         if scan.stop.kind is StopKind.CORRUPT:
             raise CorruptionError(path, scan.stop.offset, scan.stop.reason, hint=_HINT)
         if scan.sealed_lsn is None:
