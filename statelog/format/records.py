@@ -100,13 +100,15 @@ encode_record = _encoder.encode
 """Encode a :class:`CommitRecord` to its payload bytes."""
 
 
-def decode_record_values(payload: bytes | memoryview) -> tuple[CommitRecord, list[list[Any]]]:
-    """:func:`decode_record`, and every table's values decoded: the schema check decodes
-    each value anyway, so a reader that wants them (a changes feed) keeps them.
+def decode_record_values(
+    payload: bytes | memoryview, *, keep: bool = True
+) -> tuple[CommitRecord, list[list[Any]] | None]:
+    """:func:`decode_record`, and every table's values decoded (None unless ``keep``): the
+    schema check decodes each value anyway, so a reader that wants them keeps them.
 
     :raises RecordSchemaError: as :func:`decode_record`.
     """
-    values: list[list[Any]] = []
+    values: list[list[Any]] | None = [] if keep else None
     return _decode(payload, values), values
 
 

@@ -49,7 +49,6 @@ from statelog.format.records import (
     CommitRecord,
     Key,
     RecordSchemaError,
-    decode_record,
     decode_record_values,
     decode_value,
 )
@@ -324,11 +323,7 @@ def _read_on(
                 epoch += 1
                 continue
             try:
-                decoded_values: list[list[Any]] | None = None
-                if values:
-                    decoded, decoded_values = decode_record_values(rec.payload)
-                else:
-                    decoded = decode_record(rec.payload)
+                decoded, decoded_values = decode_record_values(rec.payload, keep=values)
             except RecordSchemaError as exc:
                 raise CorruptionError(path, rec.offset, exc.message, hint=_HINT) from None
             if decoded.epoch != epoch + 1:
