@@ -364,6 +364,9 @@ def test_two_promotions_of_one_source_exactly_one_wins(
     assert str(winner.path.resolve()) in str(err.value) and "PROMOTED" in err.value.hint
     with statelog.open(src, readonly=True) as ro:
         assert ro.epoch == 39  # reads of the old directory go on
+    assert cli_main(["inspect", str(src), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["promoted"]
+    assert shown["copy"] == str(winner.path.resolve()) and shown["epoch"] == 39
     winner.close()
     loser.close()
     with pytest.raises(statelog.StorePromotedError) as err:  # a new standby of the old source

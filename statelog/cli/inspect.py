@@ -43,6 +43,7 @@ from statelog.format.snapshot import (
 )
 from statelog.ops.verify_chain import broken_chains, chain_members
 from statelog.recovery.ladder import check_link
+from statelog.replica.promoted import read_promoted
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
 from statelog.storage.snapshots import list_snapshots, verify_snapshot
@@ -140,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         "evidence": sorted(
             p.name for p in _listdir(layout.wal) if ".broken" in p.name or ".corrupt" in p.name
         ),
+        "promoted": read_promoted(root),
     }
     if args.json:
         print_json(doc)
@@ -303,6 +305,10 @@ def _print(doc: dict[str, Any]) -> None:
         print(f"tables       {tables}")
         print(f"recovery     {rec['outcome']}, {len(rec['rejected'])} rejected")
     print(f"writer lock  {_holder(doc['writer_lock'])}")
+    promoted = doc["promoted"]
+    if promoted is not None:
+        where = f"{promoted.get('copy', '?')} at epoch {promoted.get('epoch', '?')}"
+        print(f"promoted     {where if promoted else 'PROMOTED unreadable'}: writers refused")
     comp = doc["compactor"]
     scratch = ", scratch space present" if comp["scratch_present"] else ""
     print(f"compactor    {_holder(comp)}{scratch}")
