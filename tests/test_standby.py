@@ -550,7 +550,10 @@ def test_a_look_reads_only_what_the_live_segment_gained(
             assert (copy / "wal" / p.name).read_bytes() == p.read_bytes()
 
 
-def test_a_source_that_lost_its_unsynced_tail_replaces_the_copy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("seal", [False, True], ids=["live", "sealed-since"])
+def test_a_source_that_lost_its_unsynced_tail_replaces_the_copy(
+    tmp_path: Path, seal: bool
+) -> None:
     """Power loss took the source's last records after the standby copied them; its writer
     then committed others in their place: the copy takes the source's log, never a mix."""
     from statelog.log.reader import scan_segment
@@ -579,15 +582,19 @@ def test_a_source_that_lost_its_unsynced_tail_replaces_the_copy(tmp_path: Path) 
     with open(live, "r+b") as fh:
         fh.truncate(scan.records[keep - 1].end)
     other = Stream(seed=99)
-    with statelog.open(src) as w:
+    rolled = len(segments(src))
+    # sealed-since: the writer fills and seals that segment before the standby looks again
+    with statelog.open(src, segment_bytes=4096 if seal else 1 << 20) as w:
         assert w.epoch == 30
-        for i in range(31, 36):
+        i = 31
+        while i <= 35 or (seal and (len(segments(src)) <= rolled or i <= sb.epoch + 3)):
             assert run_commit(w, other.commit(i)) == i
+            i += 1
         want = store_digest(w)
         with pytest.raises(AssertionError):
-            assert want == STREAM.model(35).digest()
+            assert want == STREAM.model(w.epoch).digest()
         result = sb.catch_up()
-        assert result.epochs == 0 and sb.epoch == 35 and store_digest(sb) == want
+        assert result.epochs == 0 and sb.epoch == w.epoch and store_digest(sb) == want
     sb.close()
 
 
@@ -610,3 +617,24 @@ def test_the_standby_keeps_each_key_once_however_many_segments_it_applies(
             keys = {k for g in generations for t in g.tables.values() for k in t}
             assert entries <= 2 * len(keys)  # each key at most once per generation
             assert store_digest(sb) == STREAM.model(309).digest()
+
+
+@pytest.mark.parametrize("where", ["writer", "standby", "inspect"])
+def test_a_fifo_named_promoted_is_refused_not_waited_on(tmp_path: Path, where: str) -> None:
+    """Someone else's file in the store directory: never blocks an open."""
+    import os
+
+    from statelog.cli import main as cli_main
+
+    src = tmp_path / "src"
+    with statelog.open(src) as w:
+        w.commit(offsets={}, low_watermark_ms=0, put={"a": 1})
+    os.mkfifo(src / "PROMOTED")
+    if where == "inspect":
+        assert cli_main(["inspect", str(src)]) == 0
+        return
+    with pytest.raises(statelog.StorePromotedError, match="unreadable"):
+        if where == "writer":
+            statelog.open(src)
+        else:
+            statelog.open(tmp_path / "copy", follow=src)

@@ -183,6 +183,8 @@ def _copy_segment(
         if have == size:
             return
         if known is None or known[0] != have or not _seal_copy(source, dest, files, known):
+            if have:  # the copy held a prefix that the sealed segment does not continue
+                result.rewound.append(f"wal/{dest.name}")
             _copy_whole(source, dest, files)
         result.copied_bytes += size - have
         result.segments.append(f"wal/{dest.name}")

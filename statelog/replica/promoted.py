@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -81,12 +82,19 @@ def read_promoted(store: Path) -> dict[str, Any] | None:
     """
     path = store / PROMOTED
     try:
-        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
-            raw = fh.read(1 << 16)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError:
         return {}
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}  # a FIFO or a device would block or never end: not a claim we wrote
+        raw = os.read(fd, 1 << 16)
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
     try:
         return parse_json_doc(raw)
     except ValueError:
