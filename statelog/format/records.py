@@ -186,24 +186,15 @@ def _values_problem(values: list[bytes], out: list[list[Any]] | None = None) -> 
     read would then trip over. The objects are dropped at once.
     """
     dec = _value_decoder.decode
+    kept: list[Any] = []
     try:
-        if out is None:
-            for v in values:
-                dec(v)
-        else:
-            out.append(list(map(dec, values)))
-    except DECODE_ERRORS as exc:
-        bad = next(i for i, v in enumerate(values) if _fails(v))
-        return f"value {bad} does not decode: {exc}"
+        for v in values:
+            kept.append(dec(v))
+    except DECODE_ERRORS as exc:  # the values before the bad one were kept
+        return f"value {len(kept)} does not decode: {exc}"
+    if out is not None:
+        out.append(kept)
     return None
-
-
-def _fails(value: bytes) -> bool:
-    try:
-        _value_decoder.decode(value)
-    except DECODE_ERRORS:
-        return True
-    return False
 
 
 def decode_value(data: bytes) -> Any:

@@ -215,17 +215,29 @@ def _copy_segment(
         result.rewound.append(f"wal/{dest.name}")
         result.copied_bytes += end
     elif have:
-        out = files.open_append(dest)
-        try:
-            out.write([memoryview(data)[have:end]])
-            out.sync()
-        finally:
-            out.close()
+        _append(files, dest, memoryview(data)[have:end])
         result.copied_bytes += end - have
     else:
         files.create_durable(dest, data[:end])
         result.copied_bytes += end
     result.segments.append(f"wal/{dest.name}")
+
+
+def _read_after(source: Path, offset: int) -> bytes:
+    """The bytes of ``source`` from ``offset`` to its end, as it is now."""
+    with open(source, "rb") as fh:
+        fh.seek(offset)
+        return fh.read()
+
+
+def _append(files: FileLayer, dest: Path, chunk: bytes | memoryview) -> None:
+    """Append ``chunk`` to the copy ``dest`` and sync it."""
+    out = files.open_append(dest)
+    try:
+        out.write([chunk])
+        out.sync()
+    finally:
+        out.close()
 
 
 def _seal_copy(source: Path, dest: Path, files: FileLayer, known: tuple[int, int, int]) -> bool:
@@ -235,18 +247,11 @@ def _seal_copy(source: Path, dest: Path, files: FileLayer, known: tuple[int, int
     to the SEAL and the end of the file: the segment is then copied whole.
     """
     have, chain, _records = known
-    with open(source, "rb") as fh:
-        fh.seek(have)
-        data = fh.read()
+    data = _read_after(source, have)
     scan = scan_from(source, data, chain=chain, is_last=False)
     if scan.stop.kind is not StopKind.CLEAN or scan.sealed_lsn is None:
         return False
-    out = files.open_append(dest)
-    try:
-        out.write([data])
-        out.sync()
-    finally:
-        out.close()
+    _append(files, dest, data)
     return True
 
 
@@ -266,9 +271,7 @@ def _extend(
     chain: the source cut its tail since, and the whole segment is compared instead.
     """
     have, chain, before = known
-    with open(source, "rb") as fh:
-        fh.seek(have)
-        data = fh.read()
+    data = _read_after(source, have)
     scan = scan_from(source, data, chain=chain, is_last=is_last)
     if not scan.records and scan.stop.kind is StopKind.CORRUPT and scan.stop.offset == 0:
         return False
@@ -279,12 +282,7 @@ def _extend(
     if not scan.records:
         return True
     end = scan.records[-1].end
-    out = files.open_append(dest)
-    try:
-        out.write([memoryview(data)[:end]])
-        out.sync()
-    finally:
-        out.close()
+    _append(files, dest, memoryview(data)[:end])
     tails[dest.name] = (have + end, scan.records[-1].crc, records)
     result.gained += [(dest.name, bytes(r.payload), r.end - r.offset) for r in scan.records]
     result.copied_bytes += end

@@ -119,7 +119,10 @@ def _describe(store: Path) -> str:
 
 def promoted_here(source: Path, copy: Path) -> bool:
     """Whether ``source``'s ``PROMOTED`` names ``copy``: the copy is that promotion's writer."""
-    doc = read_promoted(source)
+    return _names(read_promoted(source), copy)
+
+
+def _names(doc: dict[str, Any] | None, copy: Path) -> bool:
     return doc is not None and doc.get("copy") == os.path.realpath(copy)
 
 
@@ -129,9 +132,10 @@ def check_unclaimed(source: Path, copy: Path) -> None:
     :raises StorePromotedError: ``source`` holds ``PROMOTED``: naming ``copy`` (open
         it as the writer it became) or another copy (follow that one instead).
     """
-    if read_promoted(source) is None:
+    doc = read_promoted(source)
+    if doc is None:
         return
-    if promoted_here(source, copy):
+    if _names(doc, copy):
         raise StorePromotedError(
             f"{copy} was promoted from its source {source} already",
             hint="open it without follow=: it is a writer's store now",

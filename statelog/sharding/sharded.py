@@ -212,11 +212,8 @@ class ShardedStore(ShardAccess, ShardStandby):
             if self._follow is not None:
                 options.update(shard_follow(self._follow, idx, path))
             try:
-                if (
-                    not (path / IDENTITY).is_file()
-                    and not options.get("readonly", False)
-                    and (self._follow is None)
-                ):
+                standby = self._follow is not None  # a standby creates its copy
+                if not (path / IDENTITY).is_file() and not options.get("readonly") and not standby:
                     raise StoreNotFoundError(
                         f"{path} holds no statelog store",
                         hint="the shard's directory or IDENTITY is gone: restore it from a "

@@ -152,9 +152,7 @@ class ShardStandby:
                 except StatelogError as exc:
                     exc.add_note(f"shard {i} of {self.root}: promoted so far {sorted(out)}")
                     raise
-                finally:
-                    if out:
-                        self.readonly = False
+                self.readonly = False
                 log.warning(
                     "root=%s event=shard_promoted shard=%d epoch=%d", self.root, i, out[i].epoch
                 )
