@@ -29,6 +29,7 @@ __all__ = [
     "RemoteError",
     "ResnapshotRequired",
     "SinkError",
+    "StandbyCopyError",
     "StatelogError",
     "StorageError",
     "StoreClosedError",
@@ -262,6 +263,16 @@ class PromotionLostError(PromotionRefusedError):
     hint = (
         "another standby of the same store became its writer first; this one changed "
         "nothing and goes on following: point the reconciler at the writer that won"
+    )
+
+
+class StandbyCopyError(StatelogError):
+    """This directory is a standby's copy of another store, not promoted: it has no writer."""
+
+    hint = (
+        "open it with follow=SOURCE to keep it following (or readonly=True to read it as it "
+        "stands); to make it the writer, promote it (store.promote(), `statelog promote "
+        "COPY --source SOURCE`), which fences the source's writer first"
     )
 
 

@@ -7,6 +7,8 @@
 | a shipped segment damaged                         | stops before it, says so, never re-fetches;  |
 |                                                   | a snapshot past it carries the standby on    |
 | the newest shipped snapshot damaged               | walks back to an older restore point         |
+| promote() stopped short at a damaged segment      | refused, generation untaken, follows on;     |
+|                                                   | promotes once a snapshot passes the damage   |
 | the writer SIGKILLed, its shipping host lost      | promote(): the model at the last shipped     |
 |                                                   | epoch; the new writer continues and ships    |
 | two standbys promoted at the same moment          | exactly one wins; the other changes nothing  |
@@ -32,7 +34,7 @@ import pytest
 
 import statelog
 from statelog.compaction.fold import compact
-from statelog.errors import FencedError, PromotionLostError
+from statelog.errors import FencedError, PromotionLostError, PromotionRefusedError
 from statelog.kit.workload import Stream, run_commit, store_digest
 from statelog.remote import read_manifest, restore, ship
 from statelog.remote.record import load_record
@@ -119,6 +121,44 @@ def test_a_damaged_segment_stops_the_standby_until_a_snapshot_passes_it(
         assert sb.epoch == shipped_epoch(env, w) > new[1].last_lsn
         assert store_digest(sb) == STREAM.model(sb.epoch).digest()
         sb.close()
+
+
+def test_a_standby_stopped_short_of_the_remote_is_not_promoted(
+    tmp_path: Path,
+    env: Remote,  # noqa: F811
+) -> None:
+    """Promoted there, its writer would continue from an older epoch than the bucket's:
+    the acknowledged epochs after the damage would be discarded and shipped over."""
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    with statelog.open(src, **SMALL) as w:
+        commit_range(w, 1, 40)
+        ship(src, env.url)
+        sb = statelog.open(copy, follow=env.url, follow_poll=MANUAL)
+        before = {e.key for e in _manifest(env, w).objects}
+        commit_range(w, 40, 120)
+        ship(src, env.url)
+        new = [e for e in _manifest(env, w).segments if e.key not in before]
+        env.damage(new[1].key)
+        sb.catch_up()
+        short, listed = sb.epoch, shipped_epoch(env, w)
+        assert short < listed
+        generation = _manifest(env, w).generation
+        with pytest.raises(PromotionRefusedError) as err:
+            sb.promote()
+        assert f"through {short}" in str(err.value) and new[1].key in str(err.value)
+        assert "nothing was changed" in err.value.hint
+        assert sb.standby and sb.epoch == short
+        assert _manifest(env, w).generation == generation  # the writer is not fenced
+        assert load_record(copy) is None or not load_record(copy).generation
+        commit_range(w, 120, 130)
+        compact(src, retain=1, min_tail_bytes=0)  # a snapshot past the damage
+        ship(src, env.url)
+        listed = shipped_epoch(env, w)
+    assert listed > new[1].last_lsn
+    promoted = sb.promote()
+    assert promoted.epoch == listed and promoted.offsets == STREAM.model(listed).offsets
+    assert store_digest(sb) == STREAM.model(listed).digest()
+    sb.close()
 
 
 def test_a_damaged_newest_snapshot_is_walked_past(tmp_path: Path, env: Remote) -> None:  # noqa: F811

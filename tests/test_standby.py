@@ -26,8 +26,10 @@ import pytest
 
 import statelog
 from statelog.compaction.fold import compact
+from statelog.kit.faults import FaultyFiles
 from statelog.kit.workload import Stream, run_commit, store_digest
 from statelog.ops import metrics
+from statelog.sharding.partition import read_manifest
 from tests.helpers import flip_bit, frames, segments
 
 STREAM = Stream(seed=5)
@@ -400,7 +402,7 @@ def test_a_sharded_root_follows_and_promotes_shard_by_shard(tmp_path: Path) -> N
             sb.shard(i).catch_up()
         assert dict(sb.items()) == model
         epochs = w.epochs
-    assert (copy / "SHARDS").read_bytes() == (src / "SHARDS").read_bytes()
+    assert read_manifest(copy) == read_manifest(src)  # its time of creation aside
     one = sb.promote(1)  # shard by shard: shard 1 alone first
     assert list(one) == [1] and one[1].epoch == epochs[1] and sb.standbys == [0, 2]
     key = next(k for k in (f"new:{n}" for n in range(100)) if sb.shard_for(k) == 1)
@@ -595,6 +597,35 @@ def test_a_source_that_lost_its_unsynced_tail_replaces_the_copy(
             assert want == STREAM.model(w.epoch).digest()
         result = sb.catch_up()
         assert result.epochs == 0 and sb.epoch == w.epoch and store_digest(sb) == want
+    sb.close()
+
+
+def test_a_live_segment_rewritten_to_the_same_length_is_taken_whole(tmp_path: Path) -> None:
+    """The source lost its last records and wrote others of the same sizes: nothing follows
+    the copy's end, yet the copy is not the source's log; the next look takes it."""
+    src, copy = tmp_path / "src", tmp_path / "copy"
+
+    def commits(w: statelog.StateStore, start: int, stop: int, value: str) -> None:
+        for i in range(start, stop):
+            w.commit(offsets={"p": 1000 + i}, low_watermark_ms=1000 + i, put={"k": value * 8})
+
+    layer = FaultyFiles()
+    w = statelog.open(src, segment_bytes=1 << 20, file_layer=layer)
+    commits(w, 1, 21, "a")
+    sb = statelog.open(copy, follow=src, follow_poll=MANUAL)
+    assert sb.epoch == 20 and sb.get("k") == "a" * 8
+    layer.abandon(w)  # died without sealing its live segment
+    live = max((src / "wal").glob("*.wal"))
+    size = live.stat().st_size
+    records = frames(live)
+    with open(live, "r+b") as fh:
+        fh.truncate(records[9].end)  # epochs 11..20 lost
+    with statelog.open(src, segment_bytes=1 << 20, file_layer=FaultyFiles()) as w2:
+        assert w2.epoch == 10
+        commits(w2, 11, 21, "b")
+        assert live.stat().st_size == size  # the same length, other records
+        sb.catch_up()
+        assert sb.epoch == 20 and sb.get("k") == "b" * 8
     sb.close()
 
 

@@ -27,6 +27,7 @@ from statelog.errors import (
     NotAStoreError,
     PromotionLostError,
     ResnapshotRequired,
+    StandbyCopyError,
     StatelogError,
     StoreLockedError,
     StoreNotFoundError,
@@ -70,8 +71,8 @@ exit status (every subcommand):
   1    damage found, but the store is recoverable (or: an audit or drill problem)
   2    not recoverable: a re-snapshot (restore or rebuild from the source) is required
   3    usage error, or the path is not a statelog store
-  4    the store is busy: another writer or compactor holds its lock, or another
-       promoted standby became its writer
+  4    the store is busy: another writer or compactor holds its lock, another
+       promoted standby became its writer, or it is a standby's copy (not promoted)
   5    any other error (I/O error, unknown format version, ...)
   130  interrupted (Ctrl-C)
 """
@@ -168,7 +169,7 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_USAGE
     if isinstance(exc, StoreLockedError | CompactorLockedError):
         return EXIT_BUSY
-    if isinstance(exc, PromotionLostError | StorePromotedError):
+    if isinstance(exc, PromotionLostError | StorePromotedError | StandbyCopyError):
         return EXIT_BUSY
     if isinstance(exc, CorruptionError | AuditError):
         return EXIT_DAMAGED

@@ -1,4 +1,4 @@
-"""``statelog promote COPY --source SOURCE``: make a standby's copy the writer's store.
+"""``statelog promote COPY [--source SOURCE]``: make a standby's copy the writer's store.
 
 For a copy whose standby process is gone (a standby running in a process is
 promoted by that process, ``store.promote()``): opens ``COPY`` as a standby of
@@ -7,7 +7,8 @@ makes this exit 4), and promotes it, with every step of
 :meth:`~statelog.store.store.StateStore.promote`: one last look at the source,
 the refusal while the source's writer holds its lock (exit 4), the writer's
 open of the copy. Then closes the new writer and prints the epoch, offsets and
-watermark the reconciler resumes from.
+watermark the reconciler resumes from. ``SOURCE`` defaults to the one the
+copy's ``STANDBY`` mark names (:mod:`statelog.storage.marks`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from statelog.errors import (
     StorageError,
     StoreNotFoundError,
 )
-from statelog.sharding.partition import MANIFEST
+from statelog.sharding.partition import MANIFEST, shard_dir_name
 from statelog.sharding.sharded import ShardedStore, ShardOpenError
+from statelog.storage.marks import clear_standby, standby_source
 from statelog.store.standby_role import Promotion
 from statelog.store.store import StateStore
 from statelog.store.store import open as open_store
@@ -42,7 +44,8 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         description="Catch the copy at COPY up with SOURCE one last time, then make it a "
         "store its own writer opens, and print the epoch, offsets and watermark to resume "
         "from. SOURCE is the store directory the copy follows, or the s3:// URL its writer "
-        "ships to. Exit 0 promoted; 4 the source's writer still holds its lock, a standby or "
+        "ships to (default: the one the copy names). Exit 0 promoted; 4 the source's "
+        "writer still holds its lock, a standby or "
         "writer holds the copy's, or another standby was promoted first (nothing changed but "
         "the catch-up); 5 SOURCE cannot be read (for a directory, --force promotes the copy "
         "as it is); 3 COPY holds another store.",
@@ -50,9 +53,9 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("copy", type=Path, metavar="COPY", help="the standby's store directory")
     p.add_argument(
         "--source",
-        required=True,
         metavar="SOURCE",
-        help="the store directory it follows, or the s3:// URL its writer ships to",
+        help="the store directory it follows, or the s3:// URL its writer ships to "
+        "(default: the source the copy was following)",
     )
     p.add_argument(
         "--force",
@@ -71,6 +74,8 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Promote ``args.copy``; print where the writer resumes; return the exit status."""
+    if args.source is None:
+        args.source = _followed(args.copy)
     sharded = (args.copy / MANIFEST).exists() or (
         "://" not in args.source and (Path(args.source) / MANIFEST).exists()
     )
@@ -101,9 +106,10 @@ def _promote_store(args: argparse.Namespace) -> Promotion:
     try:
         store = open_store(args.copy, follow=args.source)
     except (StoreNotFoundError, StorageError) as exc:
-        if not args.force or not (args.copy / "IDENTITY").exists():
+        if not _may_force(args) or not (args.copy / "IDENTITY").exists():
             raise PromotionRefusedError(f"{args.source} cannot be read: {exc}") from exc
-        store = open_store(args.copy)  # the copy as it is: its writer's open recovers it
+        clear_standby(args.copy)  # forced: the copy as it is, its writer's open recovers it
+        store = open_store(args.copy)
     with store:
         if store.standby:
             return store.promote(force=args.force)
@@ -115,9 +121,12 @@ def _promote_root(args: argparse.Namespace) -> dict[int | None, Promotion]:
     try:
         root = ShardedStore(args.copy, follow=args.source)
     except (StoreNotFoundError, StorageError, ShardOpenError) as exc:
-        if not args.force or not (args.copy / MANIFEST).exists():
+        if not _may_force(args) or not (args.copy / MANIFEST).exists():
             raise PromotionRefusedError(f"{args.source} cannot be read: {exc}") from exc
-        with ShardedStore(args.copy) as forced:  # every shard's copy as it is
+        for shard in sorted(args.copy.glob("shard-*")):
+            if args.shard is None or shard.name == shard_dir_name(args.shard):
+                clear_standby(shard)  # forced: every shard's copy as it is
+        with ShardedStore(args.copy) as forced:
             todo = [args.shard] if args.shard is not None else range(forced.shards)
             return {i: _as_is(forced.shard(i)) for i in todo}
     with root:
@@ -126,3 +135,26 @@ def _promote_root(args: argparse.Namespace) -> dict[int | None, Promotion]:
 
 def _as_is(store: StateStore) -> Promotion:
     return Promotion(store.epoch, store.offsets, store.low_watermark_ms)
+
+
+def _may_force(args: argparse.Namespace) -> bool:
+    """``--force`` applies to a directory source only: a remote one holds the generation."""
+    return bool(args.force) and "://" not in args.source
+
+
+def _followed(copy: Path) -> str:
+    """The source the copy (or, for a sharded root, its shards' parent) was following.
+
+    :raises InvalidOptionError: the copy names none: ``--source`` is needed.
+    """
+    source = standby_source(copy)
+    if source is not None:
+        return source
+    for shard in sorted(copy.glob("shard-*")):
+        followed = standby_source(shard)
+        if followed is not None and "://" not in followed:
+            return str(Path(followed).parent)
+    raise InvalidOptionError(
+        f"{copy} names no source it follows (it is not a standby's copy, or an older one)",
+        hint="give the source: statelog promote COPY --source SOURCE",
+    )

@@ -55,6 +55,7 @@ from statelog.errors import InvalidOptionError, StorageError
 from statelog.events import emit
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
+from statelog.storage.marks import check_not_standby
 
 __all__ = ["SCRATCH_DIR", "CompactionResult", "compact"]
 
@@ -99,6 +100,7 @@ def compact(
     :raises InvalidOptionError: an option is out of range, or ``lock`` is not held.
     :raises StoreNotFoundError: ``store`` holds no statelog store.
     :raises CompactorLockedError: another compactor holds the store.
+    :raises StandbyCopyError: ``store`` is a standby's copy (compact its source).
     :raises FormatVersionError: a segment of a newer format (nothing judged damaged).
     :raises StorageError: LMDB could not grow the pass's image: the disk is
         full (``errno`` ENOSPC) or the map cannot be enlarged (ENOMEM); no
@@ -112,6 +114,7 @@ def compact(
     files = files or FileLayer()
     layout = StoreLayout(root)
     sid = layout.read_identity(files)
+    check_not_standby(root)  # the copy changes only as its source did: compact the source
     if lock is not None and not (lock.held and lock.store.resolve() == root.resolve()):
         raise InvalidOptionError(f"lock={lock!r} is not a held compactor lock on {root}")
     held = lock if lock is not None else CompactorLock(root)

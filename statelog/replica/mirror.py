@@ -77,10 +77,11 @@ class MirrorResult:
     """The last epoch the source's log holds, as far as its records verify."""
 
 
-Tails = dict[str, tuple[int, int, int]]
+Tails = dict[str, tuple[int, int, int, int]]
 """Per unsealed segment of the copy: where its verified copy ends (a record boundary),
-the chain value there and the records before it, so the next look reads and verifies
-only what follows."""
+the chain value there, the records before it, and the source file's modification time
+when it was read, so the next look reads and verifies only what follows (and compares
+the whole segment again if the source was written without growing past that end)."""
 
 
 def mirror(
@@ -174,7 +175,8 @@ def _copy_segment(
     tails: Tails,
 ) -> None:
     """Copy a sealed segment whole, or extend the copy of an unsealed one by what verifies."""
-    size = source.stat().st_size
+    st = source.stat()
+    size = st.st_size
     have = dest.stat().st_size if dest.exists() else 0
     seal = peek_seal(source, size)
     if seal is not None:
@@ -194,7 +196,9 @@ def _copy_segment(
         known is not None
         and known[0] == have
         and size >= have
-        and _extend(source, dest, files, result, known, is_last=is_last, tails=tails)
+        and _extend(
+            source, dest, files, result, (*known[:3], st.st_mtime_ns), is_last=is_last, tails=tails
+        )
     ):
         return
     data = files.read(source)
@@ -204,7 +208,7 @@ def _copy_segment(
         return  # nothing that verifies yet: whoever reads the copy reports damage
     result.source_epoch = max(result.source_epoch, scan.header.first_lsn - 1 + len(scan.records))
     chain = scan.records[-1].crc if scan.records else scan.header.prev_crc
-    tails[dest.name] = (end, chain, len(scan.records))
+    tails[dest.name] = (end, chain, len(scan.records), st.st_mtime_ns)
     if end == have and have and files.read(dest) == data[:end]:
         return
     # The copy holds only records that verified in the source; if the source's verified
@@ -240,13 +244,15 @@ def _append(files: FileLayer, dest: Path, chunk: bytes | memoryview) -> None:
         out.close()
 
 
-def _seal_copy(source: Path, dest: Path, files: FileLayer, known: tuple[int, int, int]) -> bool:
+def _seal_copy(
+    source: Path, dest: Path, files: FileLayer, known: tuple[int, int, int, int]
+) -> bool:
     """Complete the copy of a segment sealed since the last look with what follows its end.
 
     False (nothing done) unless those bytes verify whole, from the copy's chain
     to the SEAL and the end of the file: the segment is then copied whole.
     """
-    have, chain, _records = known
+    have, chain, _records, _mtime = known
     data = _read_after(source, have)
     scan = scan_from(source, data, chain=chain, is_last=False)
     if scan.stop.kind is not StopKind.CLEAN or scan.sealed_lsn is None:
@@ -260,20 +266,26 @@ def _extend(
     dest: Path,
     files: FileLayer,
     result: MirrorResult,
-    known: tuple[int, int, int],
+    known: tuple[int, int, int, int],
     *,
     is_last: bool,
     tails: Tails,
 ) -> bool:
     """Append to the copy what verifies after its end, reading only that part of the source.
 
-    False (nothing done) when the first frame there does not continue the copy's
-    chain: the source cut its tail since, and the whole segment is compared instead.
+    ``known`` ends with the source's modification time now. False (nothing done) when
+    the first frame there does not continue the copy's chain, or when nothing follows
+    but the source was written since the last look: either way the source cut its tail
+    since (and may have written other records up to the same length), and the whole
+    segment is compared instead.
     """
-    have, chain, before = known
+    have, chain, before, mtime = known
     data = _read_after(source, have)
     scan = scan_from(source, data, chain=chain, is_last=is_last)
-    if not scan.records and scan.stop.kind is StopKind.CORRUPT and scan.stop.offset == 0:
+    if not scan.records and (
+        (scan.stop.kind is StopKind.CORRUPT and scan.stop.offset == 0)
+        or mtime != tails[dest.name][3]
+    ):
         return False
     records = before + len(scan.records)
     named = parse_segment_name(dest.name)
@@ -283,7 +295,7 @@ def _extend(
         return True
     end = scan.records[-1].end
     _append(files, dest, memoryview(data)[:end])
-    tails[dest.name] = (have + end, scan.records[-1].crc, records)
+    tails[dest.name] = (have + end, scan.records[-1].crc, records, mtime)
     result.gained += [(dest.name, bytes(r.payload), r.end - r.offset) for r in scan.records]
     result.copied_bytes += end
     result.segments.append(f"wal/{dest.name}")

@@ -37,7 +37,13 @@ from collections.abc import Callable, Collection
 from datetime import timedelta
 from pathlib import Path
 
-from statelog.errors import NotAStoreError, PromotionLostError, RemoteError, StorageError
+from statelog.errors import (
+    NotAStoreError,
+    PromotionLostError,
+    PromotionRefusedError,
+    RemoteError,
+    StorageError,
+)
 from statelog.log.segments import list_segments
 from statelog.remote.checks import Confined
 from statelog.remote.client import RemoteClient
@@ -256,21 +262,33 @@ def _prune(dest: Path, plan: Plan, files: FileLayer, result: MirrorResult) -> No
 
 
 def claim_copy(
-    src: RemoteSource, dest: Path, look: Callable[[], object], files: FileLayer | None = None
+    src: RemoteSource,
+    dest: Path,
+    look: Callable[[], object],
+    applied: Callable[[], int],
+    files: FileLayer | None = None,
 ) -> int:
     """Make the standby's copy the writer of the remote store: the promotion's remote steps.
 
-    Durable order: the MANIFEST's conditional write of the generation after
-    the one the standby's last look saw (:func:`~statelog.remote.manifest.acquire_after`;
-    from then on the old writer is fenced, and what the manifest lists is
-    final); the last ``look`` (the standby's step: :func:`mirror_remote`, then
-    applying), which brings the copy up to all of it; the copy's
+    ``look`` is the standby's step (:func:`mirror_remote`, then applying) and
+    ``applied`` the epoch its state stands at. Durable order: a look, refused
+    unless the copy then holds every epoch the MANIFEST lists (a promoted copy
+    that stopped short, at an object it refused, would continue the log from
+    an older epoch than the bucket's, and discard acknowledged epochs); the
+    MANIFEST's conditional write of the generation after the one that look
+    saw (:func:`~statelog.remote.manifest.acquire_after`; from then on the old
+    writer is fenced, and what the manifest lists is final); the last look,
+    checked the same way, which brings the copy up to all of it; the copy's
     ``remote.json`` (temp, fsync, rename, fsync of the directory), naming the
     generation, every object the copy holds as already shipped and its highest
     segment as adopted history, so the copy's writer claims the generation on
     open and its daemon ships only what is new.
 
     :returns: the generation the copy's writer now owns.
+    :raises PromotionRefusedError: the copy cannot apply every epoch the
+        MANIFEST lists (an object failed its checks); before the generation was
+        taken nothing was written, after it the old writer is fenced and the
+        copy was not claimed.
     :raises PromotionLostError: the manifest names another generation than the
         standby's last look saw (another promotion won); nothing was written.
     :raises RemoteError: the remote could not be read or written; if the
@@ -279,6 +297,8 @@ def claim_copy(
     :raises StorageError: an I/O error on the copy.
     """
     files = files or FileLayer()
+    look()
+    _check_complete(src, dest, applied(), taken=False)
     gen = acquire_after(src.client, src.store_id, src.generation)
     if gen is None:
         raise PromotionLostError(
@@ -287,8 +307,7 @@ def claim_copy(
         )
     src.generation = gen
     look()
-    manifest = src.manifest
-    assert manifest is not None  # set by the look above
+    manifest = _check_complete(src, dest, applied(), taken=True)
     now = int(time.time() * 1000)
     shipped = {
         f"{WAL_DIR if e.kind == 'wal' else SNAPSHOT_DIR}/{e.name}": Shipped(
@@ -312,3 +331,28 @@ def claim_copy(
         dest, src.url, gen, manifest.last_epoch,
     )  # fmt: skip
     return gen
+
+
+def _check_complete(src: RemoteSource, dest: Path, epoch: int, *, taken: bool) -> Manifest:
+    """The MANIFEST of the last look, if the copy's ``epoch`` reaches its last epoch.
+
+    :raises PromotionRefusedError: it does not (the objects refused are named).
+    """
+    manifest = src.manifest
+    assert manifest is not None  # set by the look before
+    if epoch >= manifest.last_epoch:
+        return manifest
+    refused = "; ".join(f"{key}: {why}" for key, why in sorted(src.refused.items())[:3])
+    fenced = (
+        f"writer generation {src.generation} was taken, so the old writer is fenced; "
+        if taken
+        else "nothing was changed; "
+    )
+    raise PromotionRefusedError(
+        f"standby {dest} holds epochs through {epoch} but {src.url} lists epochs through "
+        f"{manifest.last_epoch}: {refused or 'the objects after it could not be applied'}",
+        hint=f"{fenced}promoting would discard the acknowledged epochs {epoch + 1}.."
+        f"{manifest.last_epoch}. Put intact copies of the refused objects back (from the "
+        "old host's disk if it survives) and promote again; or, to accept the loss, "
+        "`statelog restore` the remote into a new directory (it reports what is lost)",
+    )

@@ -41,6 +41,7 @@ __all__ = [
     "PROMOTED",
     "REMOTE_RECORD",
     "SNAPSHOT_DIR",
+    "STANDBY",
     "WAL_DIR",
     "StoreLayout",
     "parse_json_doc",
@@ -51,6 +52,7 @@ WAL_DIR = "wal"
 SNAPSHOT_DIR = "snapshots"
 BASE_DIR = "base"
 PROMOTED = "PROMOTED"
+STANDBY = "STANDBY"  # a standby's copy, not promoted (statelog.storage.marks)
 REMOTE_RECORD = "remote.json"  # the remote tier's record (statelog.remote.record)
 _KNOWN = {
     IDENTITY,
@@ -73,6 +75,9 @@ _KNOWN = {
     REMOTE_RECORD + ".tmp",
     # Left by the promotion of a standby that followed this store (statelog.replica.promoted).
     PROMOTED,
+    # A standby's copy that was not promoted (statelog.storage.marks), and its temp file.
+    STANDBY,
+    STANDBY + ".tmp",
 }
 _KNOWN_PREFIXES = ("AUDIT.log.broken",)
 _KIND = "statelog-store"

@@ -21,7 +21,10 @@ that no commit can start half-way:
    standby last saw, then the last look and the copy's ``remote.json``
    (:func:`statelog.replica.remote_mirror.claim_copy`). Either way, of two
    promotions at once exactly one claims the source; the other raises
-   :class:`~statelog.errors.PromotionLostError` and goes on following;
+   :class:`~statelog.errors.PromotionLostError` and goes on following. Then
+   the copy's ``STANDBY`` mark is removed (:mod:`statelog.storage.marks`;
+   written when the copy was first followed, it refuses every writer's open
+   of a copy that was not promoted);
 2. release the copy's state and lock, and open ``path`` as a writer (with
    ``remote=`` the URL for a remote source): the usual open sequence
    (:mod:`statelog.store.writer_open`), whose recovery seals the copied
@@ -50,6 +53,7 @@ from statelog.errors import (
     InvalidOptionError,
     PromotionRefusedError,
     StatelogError,
+    StorageError,
     StoreClosedError,
     StoreLockedError,
     StorePromotedError,
@@ -61,6 +65,7 @@ from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import REMOTE_RECORD, StoreLayout
 from statelog.storage.lock import LOCK_NAME, StoreLock
+from statelog.storage.marks import clear_standby, mark_standby, standby_source
 from statelog.store.options import StoreOptions
 from statelog.store.writer import StoreWriter
 from statelog.store.writer_open import open_writer
@@ -116,17 +121,26 @@ class StandbyRole:
                 )
             check_unclaimed(source, self.path)
         _check_not_claimed_copy(self.path)
-        StoreLayout(self.path).check_can_host()
+        layout = StoreLayout(self.path)
+        layout.check_can_host()
         files.makedirs(self.path)
         self._standby_lock = StoreLock(self.path)
         try:
-            return Standby(
+            # A fresh copy is marked before its first byte, an existing one once it
+            # proved to be this source's copy: never a directory the look refuses.
+            fresh = not layout.identity.exists()
+            if fresh:
+                mark_standby(self.path, str(opts.follow), files)
+            standby = Standby(
                 self.path, source, view=self._view, install=self._install_state,
                 poll=opts.follow_poll.total_seconds(), files=files,
             )  # fmt: skip
         except BaseException:
             self._standby_lock.release()
             raise
+        if not fresh and standby_source(self.path) != str(opts.follow):
+            mark_standby(self.path, str(opts.follow), files)
+        return standby
 
     def _install_state(self, state: LiveState) -> None:
         """Called by the standby, under the view lock, with each state it recovers."""
@@ -185,6 +199,16 @@ class StandbyRole:
             except StatelogError:
                 standby.start()
                 raise
+            try:
+                clear_standby(self.path, self._options.file_layer)
+            except OSError as exc:
+                self._closed = True
+                self._standby = None
+                standby.close()
+                raise StorageError(
+                    f"promoting {self.path}: its STANDBY mark could not be removed: {exc}",
+                    errno=exc.errno,
+                ) from exc
             return self._become_writer(standby, remote)
 
     def _become_writer(self, standby: Standby, remote: str | None) -> Promotion:
@@ -227,7 +251,7 @@ def _claim(standby: Standby, *, force: bool) -> str | None:
         from statelog.replica.remote_mirror import claim_copy  # not at import: as above
 
         try:
-            claim_copy(source, standby.path, standby.step)
+            claim_copy(source, standby.path, standby.step, lambda: standby.state.epoch)
         except PromotionRefusedError:
             raise
         except (StatelogError, OSError) as exc:

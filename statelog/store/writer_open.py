@@ -11,8 +11,9 @@ every write of a step is durable before the next step begins:
    the restore takes a new writer generation first). A directory that
    holds a store is left alone.
 2. Take the writer's lock (``STORE/LOCK``) and refuse a store whose standby
-   was promoted away (``PROMOTED``, :mod:`statelog.replica.promoted`); then
-   :func:`open_log`:
+   was promoted away (``PROMOTED``, :mod:`statelog.replica.promoted`), and a
+   standby's copy that was not promoted (``STANDBY``,
+   :mod:`statelog.storage.marks`); then :func:`open_log`:
 
    a. ``IDENTITY``: read it, or create the store (directories, the first
       segment, then the identity, each fsynced: :meth:`StoreLayout.create`);
@@ -54,7 +55,7 @@ from statelog.ops import metrics
 from statelog.ops.metrics import StoreMetrics
 from statelog.recovery.ladder import recover_store
 from statelog.recovery.report import RecoveryReport
-from statelog.replica.promoted import check_not_promoted
+from statelog.replica.promoted import check_not_promoted, check_not_standby_copy
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
@@ -179,14 +180,17 @@ def open_writer(
 
 
 def _lock(path: Path) -> StoreLock:
-    """Take the writer's lock, then refuse a store whose standby was promoted away.
+    """Take the writer's lock, then refuse a store whose standby was promoted away, and
+    a standby's copy that was not promoted.
 
     :raises StoreLockedError: another writer has the store open.
     :raises StorePromotedError: ``PROMOTED`` exists (the lock is released again).
+    :raises StandbyCopyError: ``STANDBY`` exists (the lock is released again).
     """
     lock = StoreLock(path)
     try:
         check_not_promoted(path)
+        check_not_standby_copy(path)
     except BaseException:
         lock.release()
         raise
