@@ -18,6 +18,7 @@ __all__ = [
     "ChangesUnavailableError",
     "CompactorLockedError",
     "CorruptionError",
+    "EpochUnavailableError",
     "FencedError",
     "FormatVersionError",
     "InvalidCommitError",
@@ -245,6 +246,27 @@ class ChangesUnavailableError(StatelogError):
         self.since = since
         self.earliest = earliest
         """The oldest epoch whose change the retained log still holds."""
+
+
+class EpochUnavailableError(StatelogError):
+    """The state as of that epoch (or time) cannot be rebuilt from what the store retains."""
+
+    hint = (
+        "pick an epoch in the range the message names; keep more history with the "
+        "compactor's --retain or --retain-for"
+    )
+
+    def __init__(
+        self, message: str, *, epoch: int | None, oldest: int | None, newest: int | None,
+        hint: str | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(message, hint=hint)
+        self.epoch = epoch
+        """The epoch asked for (None: a time that matched no epoch)."""
+        self.oldest = oldest
+        """The oldest epoch the store can still rebuild (None: not known)."""
+        self.newest = newest
+        """The newest epoch the store holds (None: not known)."""
 
 
 class PromotionRefusedError(StatelogError):

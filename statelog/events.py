@@ -40,6 +40,11 @@ Kinds and their fields (every field is JSON-serialisable):
     deletes thousands of segments costs one audit entry.
 ``base_swap``
     ``snapshot``, ``epoch``.
+``rewind``
+    ``epoch`` (the store's epoch after it), ``discarded`` (``[first, last]``
+    epochs set aside), ``evidence`` (the directory holding what was set
+    aside), ``files`` (the files moved there), ``cut`` (``{"file",
+    "offset", "bytes"}`` or None).
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ KINDS: Final = frozenset(
         "compaction",
         "retention_delete",
         "base_swap",
+        "rewind",
     }
 )
 

@@ -162,7 +162,8 @@ def test_recover_dry_run_plans_for_each_failure_mode(stores: dict[str, Path]) ->
     cut = flip["actions"][0]
     assert (cut["action"], Path(cut["file"]).name) == ("cut", damaged.name)
     assert cut["offset"] == mid_frame_offset(stores["bitflip"])
-    assert [a["action"] for a in flip["actions"][1:]] == ["move aside", "move aside"]
+    later = [p for p in segments(stores["bitflip"]) if p.name > damaged.name]
+    assert later and [a["action"] for a in flip["actions"][1:]] == ["move aside"] * len(later)
     assert flip["lost_epochs"] == [163, 260]
 
     snap = cli_json("recover", "--dry-run", stores["snapshot"], code=1)

@@ -262,3 +262,31 @@ def test_a_chain_at_its_length_is_merged_into_one_delta_on_the_full_snapshot(
         _filler(store, model, "e")
         assert _swapped(store, **chain).depth == 2
         _views(root, model, store, "in-full", "default")
+
+
+def test_a_retention_cut_short_never_leaves_a_delta_without_its_parent(tmp_path: Path) -> None:
+    """Retention unlinks a delta before the parent it names: an unlink that fails (or a
+    crash) after the first leaves older restore points with whole chains, never an
+    orphaned delta."""
+    from statelog.compaction.retention import apply_retention
+    from statelog.kit.faults import FaultyFiles
+    from statelog.storage.snapshots import verify_snapshot
+
+    root, model = tmp_path / "store", Model()
+    for n in range(4):  # a full snapshot and three deltas on it
+        commit_round(root, model, n)
+        passed(root, **DELTA)
+    commit_round(root, model, 4)
+    passed(root, **FULL)  # a newer restore point: the whole first chain is now unneeded
+    layer = FaultyFiles()
+    layer.fail("remove", errno=5, after=1, match=".snap")  # the second unlink fails
+    sid = statelog.open(root, readonly=True).store_id
+    with pytest.raises(OSError):
+        apply_retention(root, layer, sid, retain=1)
+    left = {
+        p.name: verify_snapshot(FileLayer(), p, store_id=None)
+        for p in (root / "snapshots").glob("*.snap")
+    }
+    assert len(left) >= 2  # something was cut short
+    for meta in left.values():
+        assert meta.delta is None or meta.delta.parent in left

@@ -131,8 +131,9 @@ def craft(
     link = meta.delta if delta == "keep" else delta
     assert not isinstance(link, str)
     raw = encode_meta(
-        meta.offsets, meta.low_watermark_ms, meta.tables, len(stream), meta.created_ms, delta=link
-    )
+        meta.offsets, meta.low_watermark_ms, meta.tables, len(stream), meta.created_ms,
+        delta=link, commit_ms=meta.commit_ms,
+    )  # fmt: skip
     body = zstandard.ZstdCompressor(level=1, write_checksum=True).compress(stream)
     head = SnapshotHeader(
         meta.store_id, meta.epoch, meta.lsn, meta.chain, len(raw), len(body),

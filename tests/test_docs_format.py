@@ -20,6 +20,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,10 @@ FORMAT = ROOT / "docs" / "format.md"
 _MINUS = "\u2212"  # the minus sign of the document
 _INT_TYPES = {"u8": 1, "u16": 2, "u32": 4, "u64": 8}
 _SID = uuid.UUID("01234567-89ab-4def-8123-456789abcdef")
+COMMIT_MS = 1_796_400_000_000
+"""The worked examples' fixed commit time (their scripts fix ``time.time_ns``)."""
+SEAL_AT = 120
+"""Where the example segment's seal frame starts: after the header and commit 1's frame."""
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -400,6 +405,12 @@ def _doc_segment() -> bytes:
     return hex_dump_bytes(marked_block(FORMAT, "segment-xxd"))
 
 
+def test_the_scripts_fix_the_clock_the_tests_use() -> None:
+    for name in ("store-script", "crash-script", "audit-script"):
+        fixed = f"time.time_ns = lambda: {COMMIT_MS:_}_000_000"
+        assert fixed in marked_block(FORMAT, name).text, name
+
+
 def _same_but_id(doc: bytes, real: bytes, where: str) -> None:
     """Equal byte for byte except the store id (16..31) and the header crc (60..63)."""
     assert len(doc) == len(real), f"{where}: doc shows {len(doc)} bytes, the code wrote {len(real)}"
@@ -418,7 +429,7 @@ def test_the_segment_dump_re_encodes_and_decodes() -> None:
     sid = uuid.UUID(bytes=doc[16:32])
     header = wal.SegmentHeader(sid, sequence=1, first_lsn=1, prev_crc=0).pack()
     record = CommitRecord(
-        1, {"p0": 7}, 1000, [TableDelta("default", ["k"], [encode_value("v")], [])]
+        1, {"p0": 7}, 1000, [TableDelta("default", ["k"], [encode_value("v")], [])], COMMIT_MS
     )
     payload = encode_record(record)
     frame = wal.pack_frame_header(wal.FrameType.FULL, payload, 0) + payload
@@ -427,7 +438,7 @@ def test_the_segment_dump_re_encodes_and_decodes() -> None:
     last = wal.SEAL_PAYLOAD.pack(1)
     seal = wal.pack_frame_header(wal.FrameType.SEAL, last, crc1) + last
     assert header + frame + seal == doc
-    assert decode_record(doc[80:110]) == record
+    assert decode_record(doc[80:119]) == record
     assert wal.SegmentHeader.unpack(doc) == wal.SegmentHeader(sid, 1, 1, 0)
 
 
@@ -436,9 +447,9 @@ def test_the_segment_field_tables_match_the_dump() -> None:
     header = _check_example_table("segment-example-header", doc, 64)
     _check_crc_claims(header, doc)
     assert cell_code(header[4]["Value"]) == str(uuid.UUID(bytes=doc[16:32]))
-    frame = _check_example_table("segment-example-frame", doc, 112)
+    frame = _check_example_table("segment-example-frame", doc, 120)
     _check_crc_claims(frame, doc)
-    _check_example_table("segment-example-payload", doc, 110)
+    _check_example_table("segment-example-payload", doc, 119)
     seal = _check_example_table("segment-example-seal", doc, len(doc))
     _check_crc_claims(seal, doc)
 
@@ -464,7 +475,7 @@ def test_the_second_segment_dump_is_what_a_reopen_writes(example_dir: Path) -> N
     statelog.open(store).close()
     real = (store / "wal" / "0000000000000002-0000000000000002.wal").read_bytes()
     _same_but_id(doc, real, "segment2-xxd")
-    seal_crc = struct.unpack_from("<I", _doc_segment(), 112)[0]
+    seal_crc = struct.unpack_from("<I", _doc_segment(), SEAL_AT)[0]
     sid = uuid.UUID(bytes=doc[16:32])
     last = wal.SEAL_PAYLOAD.pack(1)
     seal = wal.pack_frame_header(wal.FrameType.SEAL, last, seal_crc) + last
@@ -477,16 +488,23 @@ def test_a_crashed_writer_leaves_the_first_frame_and_the_next_open_seals_it(
     seg = example_dir / "crash-store" / "wal" / "0000000000000001-0000000000000001.wal"
     doc = _doc_segment()
     crashed = seg.read_bytes()
-    assert len(crashed) == 112
+    assert len(crashed) == SEAL_AT
     store = example_dir / "crash-store-2"
     shutil.copytree(example_dir / "crash-store", store)
     with statelog.open(store) as reopened:
         assert reopened.recovery.outcome.value == "clean" and reopened.epoch == 1
     after = (store / "wal" / seg.name).read_bytes()
-    assert after[:112] == crashed and after[64:] == doc[64:]
+    assert after[:SEAL_AT] == crashed and after[64:] == doc[64:]
     assert not (store / "wal" / "0000000000000002-0000000000000002.wal").exists()
 
 
+@pytest.fixture
+def fixed_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worked examples' clock: every commit at :data:`COMMIT_MS`."""
+    monkeypatch.setattr(time, "time_ns", lambda: COMMIT_MS * 1_000_000)
+
+
+@pytest.mark.usefixtures("fixed_clock")
 def test_the_fragmented_record_table_is_what_the_writer_writes(tmp_path: Path) -> None:
     with statelog.open(tmp_path / "s", fragment_bytes=64) as store:
         store.commit(offsets={"p0": 7}, low_watermark_ms=1000, put={"k": "v" * 100})
@@ -532,7 +550,7 @@ def test_the_snapshot_dump_is_what_the_script_writes_byte_for_byte(example_dir: 
     m = re.search(r"the snapshot is (\d+) bytes, SHA-256\s+`([0-9a-f]{64})`", FORMAT.read_text())
     assert m is not None, "the snapshot example no longer states its size and SHA-256"
     assert int(m.group(1)) == len(real) and m.group(2) == hashlib.sha256(real).hexdigest()
-    seal_crc = struct.unpack_from("<I", _doc_segment(), 112)[0]
+    seal_crc = struct.unpack_from("<I", _doc_segment(), SEAL_AT)[0]
     assert struct.unpack_from("<I", doc, 48)[0] == seal_crc  # chain = segment 1's seal crc
 
 

@@ -114,6 +114,7 @@ def frame_snapshot(
         meta.tables if tables is None else tables,
         len(stream) if body_bytes is None else body_bytes,
         meta.created_ms,
+        commit_ms=meta.commit_ms,
     )
     body = frame
     if body is None:

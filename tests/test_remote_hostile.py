@@ -169,7 +169,7 @@ HOSTILE = {
     "absolute": _set("name", lambda e, o: str(o / "planted.wal")),
     "wal-dotdot": _set("name", lambda e, o: "wal/../../x"),
     "nul": _set("name", lambda e, o: e["name"][:-4] + "\0.wal"),
-    "upper-case": _set("name", lambda e, o: e["name"].upper().replace(".WAL", ".wal")),
+    "upper-case": _set("name", lambda e, o: "A" + e["name"][1:]),  # hex digits are lower-case
     "trailing-newline": _set("name", lambda e, o: e["name"] + "\n"),
     "snapshot-dotdot": _set("name", lambda e, o: "../../" + e["name"], kind="snapshot"),
     "segment-named-as-snapshot": _set("name", lambda e, o: e["name"][:-4] + ".snap"),

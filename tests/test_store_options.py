@@ -31,6 +31,7 @@ DOCUMENTED_DEFAULTS: dict[str, Any] = {
     "fragment_bytes": None,  # 1 MiB, or segment_bytes if smaller: see fragment_size
     "max_record_bytes": 64 * MiB,
     "readonly": False,
+    "at": None,
     "strict": False,
     "base_refresh": timedelta(seconds=1),
     "compactor": "none",

@@ -23,6 +23,7 @@ from statelog.errors import (
     ChangesUnavailableError,
     CompactorLockedError,
     CorruptionError,
+    EpochUnavailableError,
     InvalidOptionError,
     NotAStoreError,
     PromotionLostError,
@@ -163,7 +164,7 @@ def add_chain_options(p: argparse.ArgumentParser) -> None:
 
 def exit_code_for(exc: BaseException) -> int:
     """The documented exit status for an error that ended a subcommand."""
-    if isinstance(exc, ResnapshotRequired | ChangesUnavailableError):
+    if isinstance(exc, ResnapshotRequired | ChangesUnavailableError | EpochUnavailableError):
         return EXIT_UNRECOVERABLE
     if isinstance(exc, StoreNotFoundError | NotAStoreError | InvalidOptionError):
         return EXIT_USAGE

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from statelog.cli.output import EXIT_DAMAGED, EXIT_OK, EXIT_UNRECOVERABLE, print_json
+from statelog.cli.point import add_point_args, run_rewind
 from statelog.errors import ResnapshotRequired
 from statelog.recovery.damage import aside_path
 from statelog.recovery.report import Outcome, RecoveryReport
@@ -40,10 +41,15 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "command says which snapshot would be used, which rejected and why, the replay "
         "range, what would be cut or moved aside, and the epochs lost. Exit 0: nothing to "
         "repair. 1: damage is (or would be) repaired. 2: not recoverable, a re-snapshot "
-        "is required. 4: a writer holds the store (without --dry-run).",
+        "is required (or the epoch to rewind to cannot be rebuilt). 4: a writer or a "
+        "compactor holds the store (without --dry-run). With --to-epoch N (or --at TIME) "
+        "the store is rewound in place to that epoch: later snapshots, later segments and "
+        "the log after N are moved aside into rewound-N-<ms>/ as evidence, recorded in the "
+        "audit trail; a crash at any step leaves the old store or the rewound one.",
     )
     p.add_argument("store", type=Path, metavar="STORE", help="the store directory")
     p.add_argument("--dry-run", action="store_true", help="change nothing; say what would happen")
+    add_point_args(p, "--to-epoch", "rewind the store in place (what follows is set aside)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
 
@@ -126,6 +132,8 @@ def _size(path: Path) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Recover (or plan a recovery of) ``args.store``; return the exit status."""
+    if args.epoch is not None or args.at is not None:
+        return run_rewind(args)
     try:
         if args.dry_run:
             with open_store(args.store, readonly=True) as ro:

@@ -1,4 +1,5 @@
-"""``statelog restore URL STORE``: rebuild a store from its remote copy; exit 0, 1 or 2.
+"""``statelog restore SOURCE STORE``: rebuild a store from its remote copy, or from a store
+directory, at its newest epoch or at a point (``--epoch N``, ``--at TIME``); exit 0, 1 or 2.
 
 The work is :func:`statelog.remote.restore` (``docs/remote.md``, "Restore"):
 the newest remote snapshot that verifies and links to the remote log, then
@@ -39,7 +40,10 @@ from statelog.cli.output import (
     print_json,
     say_error,
 )
-from statelog.errors import ResnapshotRequired
+from statelog.cli.point import add_point_args, point_of
+from statelog.errors import InvalidOptionError, ResnapshotRequired
+from statelog.recovery.point import restore_point
+from statelog.store.store import open as open_store
 
 __all__ = ["add_parser", "run"]
 
@@ -67,8 +71,11 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "STATELOG_REMOTE_KEY); STORE was not created. 3: STORE is not empty, or a bad URL "
         "or key.",
     )
-    p.add_argument("url", metavar="URL", help="the remote, s3://bucket/prefix")
+    p.add_argument(
+        "url", metavar="SOURCE", help="the remote, s3://bucket/prefix, or a store directory"
+    )
     p.add_argument("store", type=Path, metavar="STORE", help="a new or empty directory")
+    add_point_args(p, "--epoch", "restore the state")
     p.add_argument(
         "--store-id",
         type=_store_id,
@@ -95,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     # Imported by this command alone: statelog.remote and obstore add about 30 ms
     # (python -X importtime) to a CLI start of about 250 ms, which every other
     # command would pay for nothing.
+    if "://" not in args.url:
+        return _from_directory(args)
     from statelog.remote import RemoteConfigError, RemoteIntegrityError, restore
 
     try:
@@ -104,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             store_id=args.store_id,
             strict=args.strict,
             take_over=args.take_over,
+            upto=args.epoch if args.at is None else args.at,
         )
     except (ResnapshotRequired, RemoteIntegrityError) as exc:
         say_error(exc)
@@ -156,3 +166,38 @@ def _print(doc: dict[str, Any], clean: bool) -> None:
         "resume the reconciler from its offsets"
     )
     print(f"verdict    {verdict}")
+
+
+def _from_directory(args: argparse.Namespace) -> int:
+    """``SOURCE`` is a store directory: write a new store at the point asked (the newest
+    epoch without one), read-only on ``SOURCE`` (:func:`~statelog.recovery.point.restore_point`)."""
+    source = Path(args.url)
+    if args.take_over or args.store_id is not None:
+        raise InvalidOptionError(
+            "--take-over and --store-id are for a remote SOURCE",
+            hint="a directory holds one store and no writer generation",
+        )
+    at = point_of(args, source)
+    if at is None:
+        with open_store(source, readonly=True) as ro:
+            at = ro.epoch
+    plan = restore_point(source, args.store, at)
+    doc = {
+        "store": str(args.store),
+        "source": str(source),
+        "epoch": plan.epoch,
+        "chain": [p.name for p in plan.chain],
+        "segments": [p.name for p in plan.segments],
+        "later_epochs": [plan.epoch + 1, plan.last_epoch] if plan.last_epoch > plan.epoch else [],
+    }
+    if args.json:
+        print_json({**doc, "clean": True})
+        return EXIT_OK
+    print(f"store      {doc['store']}")
+    print(f"from       {doc['source']}")
+    print(f"epoch      {plan.epoch} (the source holds epochs up to {plan.last_epoch})")
+    chain = " <- ".join(p.name for p in plan.chain) or "none (the log from epoch 1)"
+    print(f"snapshot   {chain}")
+    cut = " (the last cut after the epoch)" if plan.cut else ""
+    print(f"segments   {len(plan.segments)}{cut}")
+    return EXIT_OK

@@ -84,6 +84,7 @@ def change_doc(change: Change) -> dict[str, Any]:
         "epoch": change.epoch,
         "offsets": dict(change.offsets),
         "low_watermark_ms": change.low_watermark_ms,
+        "commit_ms": change.commit_ms,
         "tables": tables,
     }
 

@@ -229,4 +229,5 @@ def delta_meta(chain: Chain, fold: Folding, plan: DeltaPlan) -> SnapshotMeta:
     return SnapshotMeta(
         parent.store_id, fold.good_epoch, fold.good_epoch, fold.good_chain,
         dict(fold.good_offsets), fold.good_wm, plan.counts, 0, int(time.time() * 1000), doc,
+        commit_ms=fold.good_commit_ms,
     )  # fmt: skip

@@ -54,7 +54,7 @@ from statelog.compaction.write import fold_pass
 from statelog.errors import InvalidOptionError, StorageError
 from statelog.events import emit
 from statelog.storage.fileio import FileLayer
-from statelog.storage.layout import StoreLayout
+from statelog.storage.layout import REWIND, StoreLayout
 from statelog.storage.marks import check_not_standby
 
 __all__ = ["SCRATCH_DIR", "CompactionResult", "compact"]
@@ -115,6 +115,12 @@ def compact(
     layout = StoreLayout(root)
     sid = layout.read_identity(files)
     check_not_standby(root)  # the copy changes only as its source did: compact the source
+    if (root / REWIND).exists():
+        raise InvalidOptionError(
+            f"{root} has a rewind in progress",
+            hint="open the store as its writer (or run `statelog recover --to-epoch` again) "
+            "to finish it, then compact",
+        )
     if lock is not None and not (lock.held and lock.store.resolve() == root.resolve()):
         raise InvalidOptionError(f"lock={lock!r} is not a held compactor lock on {root}")
     held = lock if lock is not None else CompactorLock(root)

@@ -56,6 +56,7 @@ class Folding:
     good_chain: int = 0
     good_offsets: dict[str, int] = field(default_factory=dict)
     good_wm: int = 0
+    good_commit_ms: int = 0  # when the good epoch was committed (0: not recorded)
     bytes_read: int = 0
     # The highest non-zero writer generation in the headers so far; None until
     # the first segment, when it starts from the last segment the base covers.
@@ -95,6 +96,7 @@ def fold_segment(
         return ""
     deltas: list[Delta] = []
     epoch, offsets, wm = fold.epoch, dict(fold.offsets), fold.wm
+    commit_ms = 0
     why = check_scan(scan, seg, epoch, fold.generation)
     if why is None:
         for rec in scan.records:
@@ -108,7 +110,7 @@ def fold_segment(
                 break
             deltas.extend((t.name, t.keys, t.values, t.deletes) for t in decoded.tables)
             offsets.update(decoded.offsets)
-            wm, epoch = decoded.low_watermark_ms, decoded.epoch
+            wm, epoch, commit_ms = decoded.low_watermark_ms, decoded.epoch, decoded.commit_ms
         if why is None and scan.sealed_lsn != epoch:
             why = f"the seal names LSN {scan.sealed_lsn}, the records end at {epoch}"
     if why is not None:
@@ -122,6 +124,7 @@ def fold_segment(
         fold.good_count = len(fold.segments)
         fold.good_epoch, fold.good_chain = epoch, scan.end_crc
         fold.good_offsets, fold.good_wm = dict(offsets), wm
+        fold.good_commit_ms = commit_ms
     return None
 
 

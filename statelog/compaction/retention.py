@@ -23,11 +23,13 @@ Rules (invariant 8 of docs/architecture.md):
 
 Durable-step order: choose what to delete (reads only, verifying every
 snapshot); then, inside :func:`statelog.storage.pins.retention_guard`, list the
-pins and unlink the unpinned files, snapshots oldest first, then segments
-oldest first, each through ``FileLayer.remove``; release the guard; fsync
-``snapshots/`` and ``wal/``; then log every deletion and emit the pass's
-``retention_delete`` event. A crash in between leaves a subset deleted,
-oldest first, which is itself a valid retention state. Nothing that can
+pins and unlink the unpinned files, snapshots newest first (a delta goes
+before the parent it names, so a crash never leaves a delta without its
+chain), then segments oldest first, each through ``FileLayer.remove``;
+release the guard; fsync ``snapshots/`` and ``wal/``; then log every
+deletion and emit the pass's ``retention_delete`` event. A crash in between
+leaves a subset deleted, which is itself a valid retention state: the
+snapshots left are older restore points with their whole chains. Nothing that can
 block (logging, whose handler may write to a full pipe; event listeners,
 the audit trail among them) runs while the guard is held, because every
 reader's :func:`~statelog.storage.pins.pin` waits for it.
@@ -186,7 +188,8 @@ def _delete(
     doomed_segs: list[SegmentInfo],
     done: _Deletions,
 ) -> None:
-    """Unlink what is not pinned: snapshots oldest first, then segments oldest first.
+    """Unlink what is not pinned: snapshots newest first (each delta before its parent),
+    then segments oldest first.
 
     Runs inside the retention guard, so it only unlinks and records; a
     pinned segment stops the segments there, so the log left stays one
@@ -194,7 +197,7 @@ def _delete(
 
     :raises OSError: an unlink failed; what was unlinked before stays unlinked.
     """
-    for path, meta in reversed(old):
+    for path, meta in old:  # newest first: a child never outlives its parent
         if _rel(path) in pinned:
             done.deferred.append(path)
             continue

@@ -220,7 +220,7 @@ def _write_full(
     size = image.stat().st_size
     meta_out = SnapshotMeta(
         p.store_id, fold.good_epoch, fold.good_epoch, fold.good_chain, fold.good_offsets,
-        fold.good_wm, tables, size, int(time.time() * 1000),
+        fold.good_wm, tables, size, int(time.time() * 1000), commit_ms=fold.good_commit_ms,
     )  # fmt: skip
     p.say(logging.DEBUG, "snapshot_writing", epoch=fold.good_epoch, image_bytes=size)
     path, written = write_snapshot(p.files, p.layout.snapshots, meta_out, image, level=p.level)

@@ -3,7 +3,11 @@
 A commit record is one msgpack array (``docs/format.md``, "Commit record")::
 
     [1, epoch, {partition: offset}, low_watermark_ms,
-        [[table, [key...], [value...], [deleted key...]], ...]]
+        [[table, [key...], [value...], [deleted key...]], ...], commit_ms]
+
+``commit_ms`` (the wall-clock time of the commit, Unix milliseconds, never
+below the one before it in the log) is absent from records written before
+statelog recorded it; they decode with ``commit_ms`` 0, "unknown".
 
 Keys are msgpack ``str`` or ``bin`` and decode back to ``str`` or ``bytes``.
 Each value is itself the msgpack encoding of the user's value, stored as
@@ -69,6 +73,8 @@ class CommitRecord(msgspec.Struct, array_like=True, frozen=True, tag=1):
     offsets: dict[str, _U63]
     low_watermark_ms: _U63
     tables: list[TableDelta]
+    commit_ms: _U63 = 0
+    """When it was committed (Unix ms, non-decreasing along the log); 0: not recorded."""
 
 
 class RecordSchemaError(StatelogError):

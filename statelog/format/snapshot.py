@@ -172,6 +172,8 @@ class MetaDoc(msgspec.Struct, omit_defaults=True):
     created_ms: int
     compression: str
     delta: DeltaDoc | None = None
+    commit_ms: _NonNegative = 0
+    """When the snapshot's epoch was committed (Unix ms); absent (0) when unknown."""
 
 
 class ImageMetaDoc(msgspec.Struct):
@@ -198,6 +200,7 @@ def encode_meta(
     *,
     version: int = VERSION,
     delta: DeltaDoc | None = None,
+    commit_ms: int = 0,
 ) -> bytes:
     """The msgpack meta section, maps in key order so equal metas encode to equal bytes.
 
@@ -213,7 +216,7 @@ def encode_meta(
         return msgspec.msgpack.encode(ImageMetaDoc(*args))
     if delta is not None:
         delta = msgspec.structs.replace(delta, changes=dict(sorted(delta.changes.items())))
-    return msgspec.msgpack.encode(MetaDoc(*args, delta=delta))
+    return msgspec.msgpack.encode(MetaDoc(*args, delta=delta, commit_ms=commit_ms))
 
 
 def decode_meta(raw: bytes, version: int = VERSION) -> MetaDoc:

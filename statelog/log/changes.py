@@ -89,6 +89,8 @@ class Change:
     offsets: Mapping[str, int]
     low_watermark_ms: int
     tables: Mapping[str, TableChange] = field(default_factory=dict)
+    commit_ms: int = 0
+    """When it was committed (Unix ms; 0: written before statelog recorded it)."""
 
     @property
     def updates(self) -> int:
@@ -113,7 +115,7 @@ def _change(r: LogRecord) -> Change:
         raise CorruptionError(
             r.path, r.offset, f"a value does not decode: {exc}", hint=_HINT
         ) from exc
-    return Change(rec.epoch, dict(rec.offsets), rec.low_watermark_ms, tables)
+    return Change(rec.epoch, dict(rec.offsets), rec.low_watermark_ms, tables, rec.commit_ms)
 
 
 @dataclass(frozen=True, slots=True)

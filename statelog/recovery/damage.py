@@ -54,6 +54,7 @@ class Progress:
     rejected: list[Rejection] = field(default_factory=list)
     saved: list[Path] = field(default_factory=list)
     lost: range = range(0)
+    upto: int | None = None  # replay stops after this epoch (a view of the past)
 
 
 def aside_path(path: Path, suffix: str) -> Path:

@@ -161,6 +161,7 @@ def install_snapshot(
     state.epoch = meta.lsn
     state.offsets = dict(meta.offsets)
     state.low_watermark_ms = meta.low_watermark_ms
+    state.commit_ms = meta.commit_ms
     return meta, None
 
 
@@ -173,12 +174,17 @@ def recover_store(
     image_dir: Path,
     repair: bool,
     strict: bool = False,
+    upto: int | None = None,
 ) -> tuple[RecoveryReport, LogEnd]:
     """Climb the ladder: snapshot (newest that verifies and links), then the log tail.
 
     :param image_dir: where to extract the chosen snapshot's image (the
         writer's ``STORE/base``; a private temporary directory for a
         read-only open, which changes nothing in the store).
+    :param upto: recover the state as of this epoch, not the newest: only
+        snapshots at or before it are tried, and the replay stops there
+        (without ``repair`` only). The state may end before it (the log ends
+        or is damaged first): the caller checks ``state.epoch``.
 
     :raises ResnapshotRequired: no snapshot is usable and the log does not reach epoch 1.
     :raises CorruptionError: ``strict`` and the log tail is damaged.
@@ -199,7 +205,7 @@ def recover_store(
                 stack.enter_context(pin(layout.root, names, purpose="read-only recovery"))
             except OSError as exc:
                 log.warning("event=unpinned_recovery reason=%r", exc)
-        report, end = _climb(files, layout, store_id, state, image_dir, repair, strict)
+        report, end = _climb(files, layout, store_id, state, image_dir, repair, strict, upto)
     _announce(layout.root, report, writable=repair)
     return report, end
 
@@ -269,10 +275,13 @@ def _climb(
     image_dir: Path,
     repair: bool,
     strict: bool,
+    upto: int | None = None,
 ) -> tuple[RecoveryReport, LogEnd]:
     started = time.perf_counter()  # the report's seconds include the snapshot's extraction
     rejected: list[Rejection] = []
-    for _epoch, _lsn, path in list_snapshots(layout.snapshots):
+    for epoch, _lsn, path in list_snapshots(layout.snapshots):
+        if upto is not None and epoch > upto:
+            continue  # newer than the state asked for
         at: int | None = None
         try:
             # Hash verified on this read, while the image is extracted.
@@ -294,11 +303,14 @@ def _climb(
             repair=repair,
             strict=strict,
             after=(meta.lsn, meta.chain),
+            upto=upto,
         )
         _remove_stale_images(files, image_dir, keep=_mapped(state))
         return _with(report, path, rejected, started), end
     try:
-        report, end = recover_log(files, layout.wal, store_id, state, repair=repair, strict=strict)
+        report, end = recover_log(
+            files, layout.wal, store_id, state, repair=repair, strict=strict, upto=upto
+        )
     except ResnapshotRequired as exc:
         if not rejected:
             raise

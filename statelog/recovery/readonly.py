@@ -20,12 +20,13 @@ import uuid
 import weakref
 from pathlib import Path
 
-from statelog.errors import StorageError
+from statelog.errors import CorruptionError, StorageError
 from statelog.recovery.ladder import recover_store
 from statelog.recovery.report import RecoveryReport
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
-from statelog.storage.layout import StoreLayout
+from statelog.storage.layout import REWIND, StoreLayout
+from statelog.storage.marks import read_mark
 
 __all__ = ["ReadOnlyRecovery", "recover_readonly"]
 
@@ -85,7 +86,7 @@ class ReadOnlyRecovery:
 
 
 def recover_readonly(
-    root: Path, *, files: FileLayer | None = None, strict: bool = False
+    root: Path, *, files: FileLayer | None = None, strict: bool = False, upto: int | None = None
 ) -> ReadOnlyRecovery:
     """Recover the store at ``root`` read-only (see the module docstring).
 
@@ -96,6 +97,8 @@ def recover_readonly(
     :param files: the file operations to go through (default: the real ones).
     :param strict: raise :class:`CorruptionError` on damage before the log's
         tail instead of recovering to the last good commit.
+    :param upto: recover the state as of this epoch, not the newest (the state
+        may end before it: see :func:`~statelog.recovery.timeline.recover_at`).
     :raises StoreNotFoundError: ``root`` holds no store.
     :raises NotAStoreError: ``root`` is a file.
     :raises CorruptionError: the identity is unreadable, or ``strict`` and
@@ -107,6 +110,14 @@ def recover_readonly(
     files = files or FileLayer()
     layout = StoreLayout(Path(root))
     store_id = layout.read_identity(files)
+    pending = read_mark(layout.root / REWIND)
+    if pending is not None:
+        # A rewind whose intent is durable: the store is the rewound one, even before a
+        # writer's open finishes moving its files.
+        epoch = pending.get("epoch")
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise CorruptionError(layout.root / REWIND, 0, "not the intent of a rewind")
+        upto = epoch if upto is None else min(upto, epoch)
     try:
         image_dir = Path(tempfile.mkdtemp(prefix="statelog-ro-"))
     except OSError as exc:
@@ -118,8 +129,9 @@ def recover_readonly(
     state = LiveState()
     try:
         report, _ = recover_store(
-            files, layout, store_id, state, image_dir=image_dir, repair=False, strict=strict
-        )
+            files, layout, store_id, state, image_dir=image_dir, repair=False, strict=strict,
+            upto=upto,
+        )  # fmt: skip
     except BaseException:
         state.base.close()
         shutil.rmtree(image_dir, ignore_errors=True)

@@ -70,12 +70,15 @@ def recover_log(
     repair: bool,
     strict: bool = False,
     after: tuple[int, int] | None = None,
+    upto: int | None = None,
 ) -> tuple[RecoveryReport, LogEnd]:
     """Replay every verified commit in ``wal_dir`` into ``state``.
 
     :param after: ``(lsn, chain)`` of a snapshot already loaded into
         ``state``: replay only the segments after ``lsn``, the first of which
         must link to ``chain``; an empty log is then fine.
+    :param upto: replay no commit after this epoch (a view of the past; only
+        without ``repair``): what follows it is neither read nor judged.
 
     :param repair: the caller holds the writer's lock and may cut torn tails
         and move damage aside; False (read-only) changes nothing on disk.
@@ -88,7 +91,11 @@ def recover_log(
     started = time.perf_counter()
     prog = Progress(state)
     end = LogEnd()
+    assert upto is None or not repair, "a view of the past never repairs the store"
     segments = _segments_to_replay(wal_dir, state, after, end)
+    if upto is not None:
+        segments = [s for s in segments if s[1] <= upto]
+        prog.upto = upto
     _replay(files, store_id, segments, end, prog, repair=repair, strict=strict)
     report = RecoveryReport(
         epoch=state.epoch,
@@ -166,6 +173,8 @@ def _replay(
         )
         state.begin_generation(seq)
         kind, offset, reason = _check_and_apply(scan, seq, lsn, end, prog)
+        if prog.upto is not None and state.epoch >= prog.upto:
+            break  # the view's epoch: nothing after it is read
         if kind is StopKind.CLEAN:
             end.sequence = seq
             end.unsealed = None if scan.sealed_lsn is not None else path
@@ -246,6 +255,8 @@ def _check_and_apply(
         state.apply_record(decoded, len(rec.payload))
         prog.replayed += 1
         end.chain = rec.crc
+        if prog.upto is not None and decoded.epoch >= prog.upto:
+            return StopKind.CLEAN, rec.end, "the epoch asked for"
     if scan.sealed_lsn is not None and scan.sealed_lsn != state.epoch:
         assert scan.seal_offset is not None
         why = f"seal names LSN {scan.sealed_lsn}, the segment ends at {state.epoch}"

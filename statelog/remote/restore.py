@@ -43,7 +43,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from statelog.errors import (
@@ -61,6 +61,7 @@ from statelog.remote.links import refuse as _refuse
 from statelog.remote.manifest import Entry, Manifest, acquire, read_manifest
 from statelog.remote.pins import remote_pin
 from statelog.remote.plan import Planner
+from statelog.remote.point import Point
 from statelog.remote.record import RECORD, Shipped, ShipRecord, save_record
 from statelog.remote.signing import KEY_ENV
 from statelog.remote.staging import Staging, resolve_dest
@@ -118,6 +119,7 @@ def restore(
     take_over: bool = False,
     client: RemoteClient | None = None,
     files: FileLayer | None = None,
+    upto: int | datetime | None = None,
 ) -> RestoreResult:
     """Restore the store shipped under ``url`` into ``dest`` (steps in the module docstring).
 
@@ -128,6 +130,14 @@ def restore(
     :param take_over: acquire a new writer generation *before* reading the
         manifest (so the previous owner can add nothing after what is
         restored) and record it in ``remote.json``: the failover form.
+    :param upto: restore the state as of this epoch (or the last epoch committed at or
+        before this time), not the newest: the newest snapshot at or before it,
+        the segments up to the one holding it, cut after its record (that
+        segment is then not listed as shipped: it differs from the remote's).
+        By time, a snapshot is chosen by the commit time its meta names, so
+        snapshots after the time are downloaded and passed over.
+    :raises EpochUnavailableError: ``upto`` cannot be reached (after the shipped
+        log, or damage stops before it); ``dest`` was not created.
     :raises NotAStoreError: ``dest`` is not empty (or a dangling symlink), or a symlink
         stands where the staging directory goes; nothing was changed.
     :raises RemoteIntegrityError: the MANIFEST does not verify, is not signed with the
@@ -157,7 +167,7 @@ def restore(
                 continue  # retention (or a ship) moved on: pin the new version instead
             st = Staging(dest, client, files)
             try:
-                result = _restore(st, cur.manifest, sid, dest, strict, check, generation)
+                result = _restore(st, cur.manifest, sid, dest, strict, check, generation, upto)
             except BaseException:
                 st.discard()
                 raise
@@ -207,12 +217,18 @@ def _restore(
     strict: bool,
     check: bool,
     generation: int,
+    upto: int | datetime | None = None,
 ) -> RestoreResult:
     _identity(st, m, sid)
     rejected: dict[str, str] = {}
     planner = Planner(m)
     links = ChainFetcher(st, sid, rejected, planner.chain_of)
-    plan = planner.walk(links.accept, lambda snap, why: _refuse(rejected, snap.key, why))
+    point = Point.of(upto)
+
+    def accept(snap: Entry) -> bool:
+        return point.may_start(snap) and links.accept(snap) and point.starts(st, snap)
+
+    plan = planner.walk(accept, lambda snap, why: _refuse(rejected, snap.key, why))
     if plan is None:
         tried = [(Path(k), why) for k, why in rejected.items()]
         raise ResnapshotRequired(
@@ -226,6 +242,8 @@ def _restore(
     epoch = plan.snapshot.last_lsn if plan.snapshot else 0
     chain = plan.snapshot.end_crc if plan.snapshot else 0
     for e in plan.segments:
+        if not point.wants(e, epoch):
+            break
         if not _segment_ok(st, e, sid, chain, rejected):
             if strict:
                 raise RemoteIntegrityError(e.key, rejected[e.key])
@@ -236,6 +254,9 @@ def _restore(
             break
         restored.append(e)
         epoch, chain = e.last_lsn, e.end_crc
+        point.seen(st, e)
+    if point.bounded:
+        epoch = point.cut(st, restored, epoch, m.last_epoch)
     now = int(time.time() * 1000)
     record = ShipRecord(
         url=st.client.where, store_id=str(sid), generation=generation, last_epoch=m.last_epoch,
@@ -256,7 +277,9 @@ def _restore(
         dest, sid, m.generation, epoch, m.last_epoch,
         plan.snapshot.key if plan.snapshot else None,
         tuple(e.key for e in restored if e.kind == "wal"),
-        tuple(rejected.items()), range(epoch + 1, max(epoch, m.last_epoch) + 1), st.bytes, 0.0,
+        tuple(rejected.items()),
+        range(0) if point.bounded else range(epoch + 1, max(epoch, m.last_epoch) + 1),
+        st.bytes, 0.0,
     )  # fmt: skip
 
 

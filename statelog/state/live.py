@@ -78,6 +78,8 @@ class LiveState:
         self.epoch = 0
         self.offsets: dict[str, int] = {}
         self.low_watermark_ms = 0
+        self.commit_ms = 0
+        """When the commit at :attr:`epoch` was made (Unix ms; 0: not recorded)."""
         self.base: Base = EmptyBase()
         self.base_epoch = 0
         self.generations: list[Generation] = [Generation(0, 1)]
@@ -146,6 +148,8 @@ class LiveState:
             ((t.name, t.keys, t.values, t.deletes) for t in rec.tables),
             record_bytes,
         )
+        if rec.commit_ms:
+            self.commit_ms = rec.commit_ms
 
     def swap_base(self, base: Base, epoch: int) -> Base:
         """Install ``base`` (the state at ``epoch``); drop generations it covers.

@@ -278,6 +278,7 @@ def _doc(snapshot: Path, image_bytes: int, crc: int, meta: SnapshotMeta) -> byte
             "tables": meta.tables,
             "body_bytes": meta.body_bytes,
             "created_ms": meta.created_ms,
+            "commit_ms": meta.commit_ms,
             "delta": msgspec.to_builtins(meta.delta),
         },
     }
@@ -297,6 +298,7 @@ def _load(stamp: Path) -> tuple[dict[str, Any], SnapshotMeta] | None:
             uuid.UUID(m["store_id"]), m["epoch"], m["lsn"], m["chain"], dict(m["offsets"]),
             m["low_watermark_ms"], dict(m["tables"]), m["body_bytes"], m["created_ms"],
             msgspec.convert(m.get("delta"), DeltaDoc | None), str(doc["footer"])[:64],
+            int(m.get("commit_ms", 0)),
         )  # fmt: skip
         return doc, meta
     except (OSError, ValueError, KeyError, TypeError, AttributeError, msgspec.ValidationError):

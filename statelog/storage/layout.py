@@ -40,6 +40,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "PROMOTED",
     "REMOTE_RECORD",
+    "REWIND",
     "SNAPSHOT_DIR",
     "STANDBY",
     "WAL_DIR",
@@ -53,6 +54,7 @@ SNAPSHOT_DIR = "snapshots"
 BASE_DIR = "base"
 PROMOTED = "PROMOTED"
 STANDBY = "STANDBY"  # a standby's copy, not promoted (statelog.storage.marks)
+REWIND = "REWIND"  # a rewind in place, to be finished (statelog.recovery.rewind)
 REMOTE_RECORD = "remote.json"  # the remote tier's record (statelog.remote.record)
 _KNOWN = {
     IDENTITY,
@@ -78,6 +80,9 @@ _KNOWN = {
     # A standby's copy that was not promoted (statelog.storage.marks), and its temp file.
     STANDBY,
     STANDBY + ".tmp",
+    # A rewind in place under way (statelog.recovery.rewind), and its temp file.
+    REWIND,
+    REWIND + ".tmp",
 }
 _KNOWN_PREFIXES = ("AUDIT.log.broken",)
 _KIND = "statelog-store"

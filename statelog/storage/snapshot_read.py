@@ -81,6 +81,8 @@ class SnapshotMeta:
     created_ms: int
     delta: DeltaDoc | None = None
     sha256: str = ""
+    commit_ms: int = 0
+    """When its epoch was committed (Unix ms; 0: not recorded)."""
 
     @property
     def depth(self) -> int:
@@ -182,7 +184,7 @@ def read_snapshot(
             raise TypeError("a format-2 image is built at a path")
     return SnapshotMeta(
         h.store_id, h.epoch, h.lsn, h.chain, doc.offsets, doc.low_watermark_ms, doc.tables,
-        doc.body_bytes, doc.created_ms, doc.delta, digest.hex(),
+        doc.body_bytes, doc.created_ms, doc.delta, digest.hex(), doc.commit_ms,
     )  # fmt: skip
 
 

@@ -228,7 +228,7 @@ def _check(meta: SnapshotMeta) -> None:
 def _pack_head(meta: SnapshotMeta, body_len: int, version: int) -> bytes:
     encoded = encode_meta(
         meta.offsets, meta.low_watermark_ms, meta.tables, meta.body_bytes, meta.created_ms,
-        version=version, delta=meta.delta,
+        version=version, delta=meta.delta, commit_ms=meta.commit_ms,
     )  # fmt: skip
     flags = FLAG_DELTA if meta.delta is not None else 0
     fixed = SnapshotHeader(

@@ -15,7 +15,7 @@ import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +27,7 @@ __all__ = [
     "CompactorMode",
     "Durability",
     "StoreOptions",
+    "check_at_option",
     "check_chain_options",
     "check_compactor_options",
     "check_follow_options",
@@ -73,6 +74,10 @@ class StoreOptions:
     """Refuse commits whose record is larger."""
     readonly: bool = False
     """Read the last durable state without taking the writer's lock."""
+    at: int | datetime | None = None
+    """With ``readonly``: the state as of this epoch, or of the last epoch committed at or
+    before this time (a datetime with a time zone), instead of the newest
+    (``docs/cli.md``, "Point in time")."""
     strict: bool = False
     """Raise :class:`~statelog.errors.CorruptionError` on damage before the log's
     tail instead of recovering to the last good commit."""
@@ -136,6 +141,7 @@ class StoreOptions:
             raise InvalidOptionError(f"base_refresh={refresh!r}", hint="a positive timedelta")
         check_remote_options(self.remote, self.remote_check, self.readonly, self.compactor)
         check_follow_options(self.follow, self.follow_poll, self.remote, self.compactor)
+        check_at_option(self.at, self.readonly, self.follow)
         if self.file_layer is not None and not isinstance(self.file_layer, FileLayer):
             raise InvalidOptionError(
                 f"file_layer={self.file_layer!r}",
@@ -350,4 +356,30 @@ def check_follow_options(follow: Any, poll: Any, remote: Any, compactor: Any) ->
             "follow= cannot be combined with remote= or an in-process compactor",
             hint="a standby writes nothing of its own until promote(); the source's "
             "compactor keeps its log short",
+        )
+
+
+def check_at_option(at: Any, readonly: Any, follow: Any) -> None:
+    """Validate ``at=``: an epoch (int >= 0) or a datetime with a time zone, read-only only.
+
+    :raises InvalidOptionError: any other value, or ``at`` without ``readonly=True``
+        or with ``follow``.
+    """
+    if at is None:
+        return
+    if isinstance(at, datetime):
+        if at.tzinfo is None or at.utcoffset() is None:
+            raise InvalidOptionError(
+                f"at={at.isoformat()} has no time zone",
+                hint="give one, e.g. datetime(2026, 12, 5, 9, 14, tzinfo=timezone.utc)",
+            )
+    elif not isinstance(at, int) or isinstance(at, bool) or at < 0:
+        raise InvalidOptionError(
+            f"at={at!r}", hint="an epoch (an int >= 0) or a datetime with a time zone"
+        )
+    if readonly is not True or follow is not None:
+        raise InvalidOptionError(
+            "at= opens a read-only view of the past",
+            hint="pass readonly=True (and no follow=); to rewind the store itself, use "
+            "`statelog recover STORE --to-epoch N`",
         )

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Generator, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from statelog.log.changes import Change, read_changes
+from statelog.recovery.timeline import epoch_at
 from statelog.state.live import Key, LiveState, read_value
 from statelog.store.options import StoreOptions
 from statelog.store.writer import StoreWriter
@@ -53,6 +54,24 @@ class StoreReads:
     @property
     def low_watermark_ms(self) -> int:
         return self._state.low_watermark_ms
+
+    @property
+    def committed_at(self) -> datetime | None:
+        """When the commit at :attr:`epoch` was made (UTC; None: not recorded, or epoch 0)."""
+        ms = self._state.commit_ms
+        return datetime.fromtimestamp(ms / 1000, UTC) if ms else None
+
+    def epoch_at(self, when: datetime) -> int:
+        """The last epoch committed at or before ``when`` that this store's files retain.
+
+        Read from the snapshots' metas and the retained log (verified), so it
+        may name an epoch older than a read-only view's; ``statelog.open(path,
+        readonly=True, at=epoch)`` then opens the state as of it.
+
+        :raises InvalidOptionError: ``when`` is not a datetime with a time zone.
+        :raises EpochUnavailableError: every retained commit is after ``when``.
+        """
+        return epoch_at(self.path, when, self._options.file_layer)
 
     def get(self, key: Key, default: Any = None, table: str = "default") -> Any:
         """The value of ``key`` in ``table`` (a fresh object), or ``default``.

@@ -46,6 +46,7 @@ from statelog.format.records import CommitRecord, TableDelta, encode_record
 from statelog.ops import metrics
 from statelog.recovery.readonly import ReadOnlyRecovery, recover_readonly
 from statelog.recovery.report import RecoveryReport
+from statelog.recovery.timeline import recover_at
 from statelog.replica.standby import Standby
 from statelog.state.live import Key, LiveState
 from statelog.storage.fileio import FileLayer
@@ -137,7 +138,7 @@ class StateStore(StoreReads, StandbyRole):
             self.store_id, self.recovery, self.readonly = standby.store_id, standby.report, True
             return
         if opts.readonly:
-            self._ro = ro = recover_readonly(self.path, files=files, strict=opts.strict)
+            self._ro = ro = _recover_readonly(self.path, files, opts)
             self._state: LiveState = ro.state
             self.store_id = ro.store_id
             self.recovery: RecoveryReport = ro.report
@@ -239,8 +240,10 @@ class StateStore(StoreReads, StandbyRole):
         if overlay is not None and overlay.full():
             overlay.wait()
         epoch = self._state.epoch + 1
+        # Never below the commit before: a clock stepped back keeps the log in time order.
+        commit_ms = max(time.time_ns() // 1_000_000, self._state.commit_ms)
         try:
-            payload = encode_record(CommitRecord(epoch, offsets, wm, deltas))
+            payload = encode_record(CommitRecord(epoch, offsets, wm, deltas, commit_ms))
         except ENCODE_ERRORS as exc:  # e.g. a lone surrogate in a name
             raise InvalidCommitError(f"the commit cannot be encoded: {exc}") from exc
         if len(payload) > w.max_record:
@@ -259,6 +262,7 @@ class StateStore(StoreReads, StandbyRole):
                 state.begin_generation(wal.sequence)
             rows = ((d.name, d.keys, d.values, d.deletes) for d in deltas)
             state.apply(epoch, offsets, wm, rows, len(payload))
+            state.commit_ms = commit_ms
         if group is not None:
             group.written_up_to(epoch)
         m = w.metrics
@@ -364,3 +368,10 @@ def open(path: str | Path, *, options: StoreOptions | None = None, **kwargs: Any
             errno=exc.errno,
             hint="check that the path is a writable directory; nothing was changed",
         ) from exc
+
+
+def _recover_readonly(path: Path, files: FileLayer, opts: StoreOptions) -> ReadOnlyRecovery:
+    """The read-only recovery ``opts`` asks for: the newest state, or the one ``at``."""
+    if opts.at is not None:
+        return recover_at(path, opts.at, files=files, strict=opts.strict)
+    return recover_readonly(path, files=files, strict=opts.strict)

@@ -12,6 +12,7 @@ key wins.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from statelog.errors import InvalidCommitError
@@ -110,7 +111,8 @@ class Transaction:
         offsets = check_offsets(self.offsets, store.offsets)
         wm = store.low_watermark_ms if self.low_watermark_ms is None else self.low_watermark_ms
         wm = check_watermark(wm, store.low_watermark_ms)
-        record = CommitRecord(store.epoch + 1, offsets, wm, self._deltas())
+        now_ms = time.time_ns() // 1_000_000  # its encoded size is the commit's
+        record = CommitRecord(store.epoch + 1, offsets, wm, self._deltas(), now_ms)
         try:
             size = len(encode_record(record))
         except ENCODE_ERRORS as exc:

@@ -13,7 +13,8 @@ every write of a step is durable before the next step begins:
 2. Take the writer's lock (``STORE/LOCK``) and refuse a store whose standby
    was promoted away (``PROMOTED``, :mod:`statelog.replica.promoted`), and a
    standby's copy that was not promoted (``STANDBY``,
-   :mod:`statelog.storage.marks`); then :func:`open_log`:
+   :mod:`statelog.storage.marks`); finish a rewind in place that died after
+   its intent (``REWIND``, :mod:`statelog.recovery.rewind`); then :func:`open_log`:
 
    a. ``IDENTITY``: read it, or create the store (directories, the first
       segment, then the identity, each fsynced: :meth:`StoreLayout.create`);
@@ -55,6 +56,7 @@ from statelog.ops import metrics
 from statelog.ops.metrics import StoreMetrics
 from statelog.recovery.ladder import recover_store
 from statelog.recovery.report import RecoveryReport
+from statelog.recovery.rewind import finish_rewind
 from statelog.replica.promoted import check_not_promoted, check_not_standby_copy
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
@@ -186,11 +188,14 @@ def _lock(path: Path) -> StoreLock:
     :raises StoreLockedError: another writer has the store open.
     :raises StorePromotedError: ``PROMOTED`` exists (the lock is released again).
     :raises StandbyCopyError: ``STANDBY`` exists (the lock is released again).
+    :raises CorruptionError: ``REWIND`` exists but is no rewind's intent.
+    :raises OSError: finishing a pending rewind failed (it stays pending).
     """
     lock = StoreLock(path)
     try:
         check_not_promoted(path)
         check_not_standby_copy(path)
+        finish_rewind(path)  # a rewind that died after its intent: the store is the rewound one
     except BaseException:
         lock.release()
         raise

@@ -1,0 +1,121 @@
+"""A remote restore to a point: which snapshot may start it, where its log ends.
+
+:class:`Point` is the epoch (or the time) ``statelog restore URL STORE
+--epoch N`` asks for. By epoch, only snapshots at or before it may start
+the restore, and the log is fetched up to the segment holding it. By time,
+a snapshot starts it only if the commit time its meta names (read from the
+downloaded, verified file) is at or before the time; the log is fetched
+segment by segment, each verified, until a record committed after the time:
+the epoch before that record is the point. Either way the segment holding
+the point is cut right after its record (:meth:`Point.cut`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from statelog.errors import EpochUnavailableError
+from statelog.format.records import decode_record
+from statelog.log.reader import scan_segment
+from statelog.recovery.timeline import snapshot_commit_ms, to_ms
+from statelog.remote.manifest import Entry
+from statelog.remote.staging import Staging
+
+__all__ = ["Point"]
+
+
+@dataclass
+class Point:
+    """An epoch or a time to restore to (both None: the newest)."""
+
+    epoch: int | None = None
+    until_ms: int | None = None
+    found: int | None = None
+    """By time: the epoch the log showed to be the last at or before it."""
+
+    @classmethod
+    def of(cls, upto: int | datetime | None) -> Point:
+        """:raises InvalidOptionError: a datetime without a time zone."""
+        if isinstance(upto, datetime):
+            return cls(until_ms=to_ms(upto))
+        return cls(epoch=upto)
+
+    @property
+    def bounded(self) -> bool:
+        return self.epoch is not None or self.until_ms is not None
+
+    def may_start(self, snap: Entry) -> bool:
+        """Whether ``snap`` is not after the epoch (before any download)."""
+        return self.epoch is None or snap.last_lsn <= self.epoch
+
+    def starts(self, st: Staging, snap: Entry) -> bool:
+        """Whether the downloaded ``snap`` was committed at or before the time."""
+        if self.until_ms is None:
+            return True
+        t = snapshot_commit_ms(st.path_of(snap))
+        return 0 < t <= self.until_ms  # an unknown time may be after it: an older one
+
+    def wants(self, e: Entry, epoch: int) -> bool:
+        """Whether segment ``e`` (after ``epoch``) is still needed."""
+        if self.epoch is not None:
+            return e.first_lsn <= self.epoch
+        return self.found is None
+
+    def seen(self, st: Staging, e: Entry) -> None:
+        """By time: note whether the fetched segment ``e`` holds a record after the time
+        (no later segment is then fetched)."""
+        if self.until_ms is None or self.found is not None:
+            return
+        path = st.path_of(e)
+        scan = scan_segment(path, path.read_bytes(), store_id=None, prev_crc=None, is_last=True)
+        if any(decode_record(r.payload).commit_ms > self.until_ms for r in scan.records):
+            self.found = e.last_lsn
+
+    def cut(self, st: Staging, restored: list[Entry], epoch: int, shipped: int) -> int:
+        """Cut the staged segment holding the point after its record, and drop it from
+        ``restored`` (its bytes are no longer the remote's); the point's epoch.
+
+        :raises EpochUnavailableError: the restore stopped before the epoch asked.
+        """
+        target = self.epoch
+        if self.until_ms is not None:
+            target = self._by_time(st, restored, epoch)
+        assert target is not None
+        if epoch < target:
+            why = "damage in the remote log stops the restore at" if epoch < shipped else "it holds"
+            raise EpochUnavailableError(
+                f"epoch {target} cannot be restored from the remote: {why} epoch {epoch}",
+                epoch=target, oldest=None, newest=epoch,
+            )  # fmt: skip
+        last = restored[-1] if restored and restored[-1].kind == "wal" else None
+        if last is None or last.last_lsn <= target:
+            return target
+        path = st.path_of(last)
+        scan = scan_segment(path, path.read_bytes(), store_id=None, prev_crc=None, is_last=True)
+        end = next(r.end for r in scan.records if decode_record(r.payload).epoch == target)
+        st.files.truncate(path, end)
+        restored.pop()
+        return target
+
+    def _by_time(self, st: Staging, restored: list[Entry], epoch: int) -> int:
+        """The last epoch committed at or before the time in the fetched log (segments
+        wholly after it are dropped from ``restored`` and the staging copy)."""
+        assert self.until_ms is not None
+        start = next((e.last_lsn for e in reversed(restored) if e.kind == "snapshot"), 0)
+        found = start
+        for e in [e for e in restored if e.kind == "wal" and e.first_lsn > start]:
+            path = st.path_of(e)
+            scan = scan_segment(path, path.read_bytes(), store_id=None, prev_crc=None, is_last=True)
+            for r in scan.records:
+                rec = decode_record(r.payload)
+                if rec.commit_ms > self.until_ms:
+                    return self._drop_after(st, restored, found)
+                found = rec.epoch
+        return min(found, epoch)
+
+    @staticmethod
+    def _drop_after(st: Staging, restored: list[Entry], found: int) -> int:
+        while restored and restored[-1].kind == "wal" and restored[-1].first_lsn > found:
+            st.remove(restored.pop())
+        return found
