@@ -231,8 +231,9 @@ def _run(
         kv(
             event="started", pid=os.getpid(), stores=len(stores), interval=args.interval,
             min_tail_bytes=args.min_tail_bytes, min_tail_records=args.min_tail_records,
-            retain=args.retain, max_chain=args.max_chain, full_ratio=args.full_ratio,
-            once=args.once, remote=args.remote, remote_retain=args.remote_retain,
+            retain=args.retain, retain_for=args.retain_for, max_chain=args.max_chain,
+            full_ratio=args.full_ratio, once=args.once, remote=args.remote,
+            remote_retain=args.remote_retain, remote_retain_for=args.remote_retain_for,
         ),
     )  # fmt: skip
     first = True
@@ -349,6 +350,7 @@ def _pass(
             min_tail_bytes=args.min_tail_bytes,
             min_tail_records=args.min_tail_records,
             retain=args.retain,
+            retain_for=args.retain_for,
             level=args.level,
             max_chain=args.max_chain,
             full_ratio=args.full_ratio,
@@ -370,4 +372,7 @@ def _pass(
 
 def _ship(store: Path, args: argparse.Namespace, files: FileLayer, client: RemoteClient) -> None:
     """Ship ``store`` to ``--remote`` (the library logs ``event=shipped``)."""
-    ship(store, args.remote, retain=args.remote_retain, client=client, files=files)
+    ship(
+        store, args.remote, retain=args.remote_retain, retain_for=args.remote_retain_for,
+        client=client, files=files,
+    )  # fmt: skip

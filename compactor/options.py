@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from statelog.cli.output import add_chain_options
+from statelog.cli.output import add_chain_options, duration_arg
 from statelog.errors import StatelogError
 from statelog.remote import RemoteClient
 
@@ -127,6 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--retain", type=_bounded(1, int), default=3, help="verified snapshots to keep (3)"
     )
+    p.add_argument(
+        "--retain-for",
+        type=duration_arg,
+        default=None,
+        metavar="DURATION",
+        help="also keep every epoch committed within this window restorable (90s, 30m, 1h, "
+        "7d, or seconds): the newest snapshot at or before its start, the snapshots after "
+        "it and the log from it (default: by count only)",
+    )
     p.add_argument("--level", type=_bounded(1, int), default=3, help="zstd level, 1-22 (3)")
     add_chain_options(p)
     p.add_argument(
@@ -134,21 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="one pass over every store, then exit (3 if any store was locked)",
     )
-    p.add_argument(
-        "--remote",
-        default=None,
-        metavar="URL",
-        help="ship sealed segments and snapshots to s3://bucket/prefix before and after each "
-        "pass (default: off)",
-    )
-    p.add_argument(
-        "--remote-retain",
-        type=_bounded(1, int),
-        default=None,
-        metavar="N",
-        help="with --remote: keep this many snapshots on the remote, and the segments they "
-        "need (default: keep everything)",
-    )
+    _add_remote_options(p)
     p.add_argument(
         "--metrics-port",
         type=_port,
@@ -187,6 +182,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, RemoteCl
         parser.error(f"--level {args.level}: zstd levels go up to 22")
     if args.remote_retain is not None and args.remote is None:
         parser.error("--remote-retain needs --remote")
+    if args.remote_retain_for is not None and args.remote is None:
+        parser.error("--remote-retain-for needs --remote")
     client = None
     if args.remote is not None:
         try:
@@ -194,3 +191,30 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, RemoteCl
         except StatelogError as exc:
             parser.error(f"--remote {args.remote}: {exc.message} (hint: {exc.hint})")
     return args, client
+
+
+def _add_remote_options(p: argparse.ArgumentParser) -> None:
+    """``--remote`` and its retention options."""
+    p.add_argument(
+        "--remote",
+        default=None,
+        metavar="URL",
+        help="ship sealed segments and snapshots to s3://bucket/prefix before and after each "
+        "pass (default: off)",
+    )
+    p.add_argument(
+        "--remote-retain",
+        type=_bounded(1, int),
+        default=None,
+        metavar="N",
+        help="with --remote: keep this many snapshots on the remote, and the segments they "
+        "need (default: keep everything)",
+    )
+    p.add_argument(
+        "--remote-retain-for",
+        type=duration_arg,
+        default=None,
+        metavar="DURATION",
+        help="with --remote: also keep every epoch of this window restorable from the remote "
+        "(as --retain-for; default: off)",
+    )

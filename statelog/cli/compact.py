@@ -22,6 +22,7 @@ from statelog.cli.output import (
     EXIT_OK,
     EXIT_UNRECOVERABLE,
     add_chain_options,
+    duration_arg,
     fmt_bytes,
     print_json,
     progress,
@@ -75,6 +76,14 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="fold only once the sealed tail holds this many records (default 0: off)",
     )
     p.add_argument("--retain", type=_at_least(1), default=3, help="verified snapshots to keep (3)")
+    p.add_argument(
+        "--retain-for",
+        type=duration_arg,
+        default=None,
+        metavar="DURATION",
+        help="also keep every epoch committed within this window restorable (90s, 30m, 1h, "
+        "7d, or seconds)",
+    )
     p.add_argument("--level", type=_at_least(1), default=3, help="zstd level, 1-22 (3)")
     add_chain_options(p)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
@@ -100,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
                 min_tail_bytes=args.min_tail_bytes,
                 min_tail_records=args.min_tail_records,
                 retain=args.retain,
+                retain_for=args.retain_for,
                 level=args.level,
                 max_chain=args.max_chain,
                 full_ratio=args.full_ratio,

@@ -15,6 +15,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any, NoReturn
 
 from statelog.compaction.delta import MAX_CHAIN_LIMIT, MAX_FULL_RATIO, ChainPolicy
@@ -47,6 +48,7 @@ __all__ = [
     "CliParser",
     "ProgressFn",
     "add_chain_options",
+    "duration_arg",
     "exit_code_for",
     "fmt_age",
     "fmt_bytes",
@@ -99,6 +101,19 @@ def size_arg(text: str) -> int:
     if m is None or m.group(2).lower() not in _UNITS:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 67108864, 64MiB, 512k)")
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+_UNITS_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_arg(text: str) -> timedelta:
+    """An argparse type: a positive duration, ``90s``, ``30m``, ``1h``, ``7d`` or seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if m is None or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"not a duration: {text!r} (a positive number with s, m, h or d: 90s, 30m, 1h, 7d)"
+        )
+    return timedelta(seconds=float(m.group(1)) * _UNITS_S[m.group(2)])
 
 
 def max_chain_arg(text: str) -> int:

@@ -42,6 +42,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 
 import lmdb
@@ -50,6 +51,7 @@ from statelog.compaction.base import CompactionResult, Pass
 from statelog.compaction.delta import ChainPolicy
 from statelog.compaction.lock import CompactorLock
 from statelog.compaction.retention import apply_retention
+from statelog.compaction.window import check_window
 from statelog.compaction.write import fold_pass
 from statelog.errors import InvalidOptionError, StorageError
 from statelog.events import emit
@@ -69,6 +71,7 @@ def compact(
     min_tail_bytes: int = 0,
     min_tail_records: int = 0,
     retain: int = 3,
+    retain_for: timedelta | None = None,
     level: int = 3,
     max_chain: int = 8,
     full_ratio: float = 0.5,
@@ -85,6 +88,8 @@ def compact(
         trigger that is on is reached, and whenever anything sealed is new
         if both are off.
     :param retain: snapshots that verify to keep (at least 1).
+    :param retain_for: also keep every epoch committed within this window
+        restorable (:mod:`statelog.compaction.window`); None: by count only.
     :param level: zstd level of the snapshot body.
     :param max_chain: the most delta snapshots on top of a full one; a pass
         that would pass it writes a full snapshot (0: every pass does).
@@ -108,19 +113,14 @@ def compact(
     :raises OSError: a read, write or sync failed; no partial snapshot is visible.
     """
     _check_options(min_tail_bytes, min_tail_records, retain, level)
+    check_window(retain_for)
     policy = ChainPolicy.checked(max_chain, full_ratio)
     started = time.perf_counter()
     root = Path(store)
     files = files or FileLayer()
     layout = StoreLayout(root)
     sid = layout.read_identity(files)
-    check_not_standby(root)  # the copy changes only as its source did: compact the source
-    if (root / REWIND).exists():
-        raise InvalidOptionError(
-            f"{root} has a rewind in progress",
-            hint="open the store as its writer (or run `statelog recover --to-epoch` again) "
-            "to finish it, then compact",
-        )
+    _check_compactable(root)
     if lock is not None and not (lock.held and lock.store.resolve() == root.resolve()):
         raise InvalidOptionError(f"lock={lock!r} is not a held compactor lock on {root}")
     held = lock if lock is not None else CompactorLock(root)
@@ -132,7 +132,7 @@ def compact(
         if progress is not None:
             p.progress = progress
         try:
-            result = _run(p, retain, started)
+            result = _run(p, retain, retain_for, started)
         except _OUT_OF_SPACE as exc:
             raise _image_full(root, exc) from exc
         _report(p, result)
@@ -142,7 +142,7 @@ def compact(
             held.release()
 
 
-def _run(p: Pass, retain: int, started: float) -> CompactionResult:
+def _run(p: Pass, retain: int, retain_for: timedelta | None, started: float) -> CompactionResult:
     """Steps 2 to 7 under the lock; the scratch space is removed whatever happens."""
     p.say(logging.DEBUG, "pass_started")
     _clear_scratch(p)
@@ -151,7 +151,9 @@ def _run(p: Pass, retain: int, started: float) -> CompactionResult:
         deleted: tuple[Path, ...] = ()
         if result.skipped != "interrupted":
             p.say(logging.DEBUG, "retention_started", retain=retain)
-            kept = apply_retention(p.root, p.files, p.store_id, retain=retain)
+            kept = apply_retention(
+                p.root, p.files, p.store_id, retain=retain, retain_for=retain_for
+            )
             deleted = kept.deleted
             p.damaged.extend(d for d in kept.damaged if d not in p.damaged)
     finally:
@@ -214,6 +216,18 @@ def _image_full(root: Path, exc: lmdb.Error) -> StorageError:
         hint="free disk space (or memory) on the compactor's host, then run the pass again; "
         "the store is unchanged and no partial snapshot is visible",
     )
+
+
+def _check_compactable(root: Path) -> None:
+    """:raises StandbyCopyError: a standby's copy (its source is the one to compact).
+    :raises InvalidOptionError: a rewind in place is under way (``REWIND``)."""
+    check_not_standby(root)
+    if (root / REWIND).exists():
+        raise InvalidOptionError(
+            f"{root} has a rewind in progress",
+            hint="open the store as its writer (or run `statelog recover --to-epoch` again) "
+            "to finish it, then compact",
+        )
 
 
 def _check_options(min_bytes: int, min_records: int, retain: int, level: int) -> None:

@@ -47,12 +47,14 @@ import contextlib
 import logging
 import uuid
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import msgspec
 
 from statelog.compaction.logfmt import LOGGER, kv
 from statelog.compaction.tail import SegmentInfo, find_link, list_segment_infos, peek_seal
+from statelog.compaction.window import cutoff_ms, meta_time, window_count
 from statelog.errors import CorruptionError, FormatVersionError
 from statelog.events import emit
 from statelog.format.snapshot import (
@@ -123,16 +125,27 @@ class RetentionResult:
 
 
 def apply_retention(
-    store: Path, files: FileLayer, store_id: uuid.UUID, *, retain: int
+    store: Path,
+    files: FileLayer,
+    store_id: uuid.UUID,
+    *,
+    retain: int,
+    retain_for: timedelta | None = None,
+    now_ms: int | None = None,
 ) -> RetentionResult:
     """Apply the retention rules (module docstring) to ``store``.
+
+    :param retain_for: also keep every epoch of this window restorable
+        (:mod:`statelog.compaction.window`); ``now_ms`` is the window's end
+        (default: now).
 
     :raises OSError: listing, verifying, unlinking or an fsync failed; what
         was unlinked before the failure stays unlinked (all of it unneeded).
     """
     snaps = list_snapshots(store / SNAPSHOT_DIR)
     segs = list_segment_infos(store / WAL_DIR)
-    if not snaps or not _may_delete(snaps, segs, retain):
+    cutoff = cutoff_ms(retain_for, now_ms)
+    if not snaps or not _may_delete(snaps, segs, max(retain, window_count(snaps, cutoff))):
         return RetentionResult()
     good: list[tuple[Path, SnapshotMeta]] = []
     damaged: list[Path] = []
@@ -144,7 +157,7 @@ def apply_retention(
             damaged.append(path)
         except (FormatVersionError, OSError) as exc:
             _say(logging.WARNING, "snapshot_unreadable", store, file=_rel(path), reason=str(exc))
-    kept, old = _restore_points(good, retain)
+    kept, old = _restore_points(good, retain, cutoff)
     doomed_segs = _covered(store, segs, kept[-1][1], store_id) if kept else []
     done = _Deletions()
     # Only the pin listing and the unlinks run under the guard: every open of
@@ -235,19 +248,20 @@ def _tell(store: Path, done: _Deletions, retain: int, oldest: str | None) -> Non
 
 
 def _restore_points(
-    good: list[tuple[Path, SnapshotMeta]], retain: int
+    good: list[tuple[Path, SnapshotMeta]], retain: int, cutoff: int | None = None
 ) -> tuple[list[tuple[Path, SnapshotMeta]], list[tuple[Path, SnapshotMeta]]]:
     """``(kept restore points, deletable)`` among the verified snapshots ``good`` (newest first).
 
     A restore point is a verified snapshot whose chain is all in ``good``,
-    each link matching. Deletable: older than the oldest kept restore point
-    and in none of the kept chains.
+    each link matching. Kept: the newest ``retain``, and with a window every
+    one back to the first at or before ``cutoff``. Deletable: older than the
+    oldest kept restore point and in none of the kept chains.
     """
     by_name = {p.name: (p, m) for p, m in good}
     kept: list[tuple[Path, SnapshotMeta]] = []
     needed: set[str] = set()
     for path, meta in good:
-        if len(kept) == retain:
+        if len(kept) >= retain and (cutoff is None or meta_time(kept[-1][1]) <= cutoff):
             break
         chain = _chain_names(path, meta, by_name)
         if chain is not None:

@@ -103,6 +103,7 @@ class Entry(msgspec.Struct, frozen=True, omit_defaults=True):
     parent: str = ""  # delta snapshot: its parent's file name
     parent_sha256: str = ""  # delta snapshot: the parent's footer digest it names, hex
     depth: int = 0  # snapshot: deltas from its full snapshot (0: it is full)
+    time_ms: int = 0  # snapshot: its time (statelog.compaction.window.meta_time); 0: not recorded
 
 
 class Manifest(msgspec.Struct, frozen=True):

@@ -31,9 +31,11 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 
 import msgspec
 
+from statelog.compaction.window import check_window, cutoff_ms
 from statelog.errors import InvalidOptionError
 from statelog.remote.client import RemoteClient
 from statelog.remote.manifest import Entry, Manifest, commit
@@ -52,7 +54,7 @@ class RemoteRetentionResult:
     deferred: tuple[str, ...] = ()  # garbage kept because a live pin names it
 
 
-def _doomed(m: Manifest, retain: int) -> list[str]:
+def _doomed(m: Manifest, retain: int, cutoff: int | None = None) -> list[str]:
     """The keys the rules above drop from ``m``."""
     planner = Planner(m)
     points: list[tuple[Entry, ...]] = []
@@ -60,7 +62,7 @@ def _doomed(m: Manifest, retain: int) -> list[str]:
         chain = planner.chain_of(snap)
         if not isinstance(chain, str):
             points.append(chain)
-        if len(points) == retain:
+        if len(points) >= retain and (cutoff is None or 0 < points[-1][-1].time_ms <= cutoff):
             break
     if not points:
         return []
@@ -71,9 +73,18 @@ def _doomed(m: Manifest, retain: int) -> list[str]:
 
 
 def apply_remote_retention(
-    client: RemoteClient, store_id: uuid.UUID, generation: int, *, retain: int
+    client: RemoteClient,
+    store_id: uuid.UUID,
+    generation: int,
+    *,
+    retain: int,
+    retain_for: timedelta | None = None,
 ) -> RemoteRetentionResult:
     """Apply the rules above to the store's objects (steps in the module docstring).
+
+    :param retain_for: also keep every restore point back to the newest whose
+        time (its entry's ``time_ms``) is at or before now minus this window; a
+        snapshot whose entry records no time is never taken to be before it.
 
     :raises InvalidOptionError: ``retain`` is not an int >= 1; nothing was changed.
     :raises FencedError: ``generation`` no longer owns the store; nothing was deleted.
@@ -81,10 +92,12 @@ def apply_remote_retention(
     """
     if not isinstance(retain, int) or isinstance(retain, bool) or retain < 1:
         raise InvalidOptionError(f"retain={retain!r}", hint="an integer >= 1")
+    check_window(retain_for)
+    cutoff = cutoff_ms(retain_for)
     dropped: list[str] = []
 
     def drop(m: Manifest) -> Manifest:
-        doomed = set(_doomed(m, retain))
+        doomed = set(_doomed(m, retain, cutoff))
         dropped[:] = sorted(doomed)
         return msgspec.structs.replace(
             m,

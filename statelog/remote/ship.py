@@ -45,10 +45,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import msgspec
 
+from statelog.compaction.window import meta_time
 from statelog.errors import CorruptionError, FencedError, FormatVersionError, RemoteError
 from statelog.format.wal import SegmentHeader
 from statelog.log.reader import StopKind, peek_generation, peek_seal, scan_segment
@@ -266,7 +268,7 @@ def _snapshots(
             sha256=hashlib.sha256(data).hexdigest(), size=len(data), generation=gen,
             last_lsn=meta.lsn, end_crc=meta.chain, epoch=meta.epoch, digest=meta.sha256,
             parent=link.parent if link else "", depth=meta.depth,
-            parent_sha256=link.parent_sha256 if link else "",
+            parent_sha256=link.parent_sha256 if link else "", time_ms=meta_time(meta),
         ), data  # fmt: skip
 
 
@@ -276,6 +278,7 @@ def ship(
     *,
     generation: int | None = None,
     retain: int | None = None,
+    retain_for: timedelta | None = None,
     client: RemoteClient | None = None,
     files: FileLayer | None = None,
 ) -> ShipResult:
@@ -285,6 +288,8 @@ def ship(
         in ``remote.json``; a store that never shipped creates or joins
         generation 1, :func:`.manifest.create_first`).
     :param retain: after shipping, apply remote retention keeping this many snapshots.
+    :param retain_for: after shipping, apply remote retention keeping every epoch of
+        this window restorable (with ``retain``, or at least 1 snapshot without it).
     :raises StoreNotFoundError: ``store`` holds no statelog store.
     :raises FencedError: another generation owns the store, or a segment of
         an older generation was written after this directory's takeover;
@@ -325,7 +330,9 @@ def ship(
         )  # fmt: skip
 
     update_record(store, record, files)
-    kept = apply_remote_retention(client, sid, gen, retain=retain) if retain is not None else None
+    kept = None
+    if retain is not None or retain_for is not None:
+        kept = apply_remote_retention(client, sid, gen, retain=retain or 1, retain_for=retain_for)
     out = ShipResult(
         store, sid, gen, tuple(up.uploaded), tuple(up.adopted), up.bytes, result.last_epoch,
         tuple(damaged), kept, time.perf_counter() - started, tuple(new),
