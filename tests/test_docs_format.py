@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -392,6 +393,12 @@ def test_pins_table_is_what_a_pin_writes(tmp_path: Path) -> None:
 # -- worked examples ----------------------------------------------------------------------
 
 
+@pytest.fixture
+def fixed_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worked examples' clock: every commit at :data:`COMMIT_MS`."""
+    monkeypatch.setattr(time, "time_ns", lambda: COMMIT_MS * 1_000_000)
+
+
 @pytest.fixture(scope="module")
 def example_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The worked examples' files, written by the scripts format.md shows."""
@@ -409,6 +416,10 @@ def test_the_scripts_fix_the_clock_the_tests_use() -> None:
     for name in ("store-script", "crash-script", "audit-script"):
         fixed = f"time.time_ns = lambda: {COMMIT_MS:_}_000_000"
         assert fixed in marked_block(FORMAT, name).text, name
+    when = datetime.fromtimestamp(COMMIT_MS / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    row = marked_table(FORMAT, "segment-example-payload")[-1]
+    assert cell_code(row["Meaning"]).startswith("commit_ms"), row
+    assert row["msgpack"] == f"uint64 {COMMIT_MS}" and when in row["Meaning"], row
 
 
 def _same_but_id(doc: bytes, real: bytes, where: str) -> None:
@@ -468,6 +479,7 @@ def test_the_identity_and_files_of_the_example(example_dir: Path) -> None:
         assert (store / name).stat().st_size == int(size), name
 
 
+@pytest.mark.usefixtures("fixed_clock")
 def test_the_second_segment_dump_is_what_a_reopen_writes(example_dir: Path) -> None:
     doc = hex_dump_bytes(marked_block(FORMAT, "segment2-xxd"))
     store = example_dir / "example-store-2"
@@ -482,6 +494,7 @@ def test_the_second_segment_dump_is_what_a_reopen_writes(example_dir: Path) -> N
     assert wal.SegmentHeader(sid, 2, 2, seal_crc).pack() + seal == doc
 
 
+@pytest.mark.usefixtures("fixed_clock")
 def test_a_crashed_writer_leaves_the_first_frame_and_the_next_open_seals_it(
     example_dir: Path,
 ) -> None:
@@ -496,12 +509,6 @@ def test_a_crashed_writer_leaves_the_first_frame_and_the_next_open_seals_it(
     after = (store / "wal" / seg.name).read_bytes()
     assert after[:SEAL_AT] == crashed and after[64:] == doc[64:]
     assert not (store / "wal" / "0000000000000002-0000000000000002.wal").exists()
-
-
-@pytest.fixture
-def fixed_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The worked examples' clock: every commit at :data:`COMMIT_MS`."""
-    monkeypatch.setattr(time, "time_ns", lambda: COMMIT_MS * 1_000_000)
 
 
 @pytest.mark.usefixtures("fixed_clock")

@@ -319,7 +319,6 @@ def test_a_remote_point_in_time_restore_after_local_loss(
     assert not (tmp_path / "x").exists()
 
 
-
 def _wrong_cut(root: Path) -> bytes:
     seg = max((root / "wal").glob("*.wal"))
     cut = {"file": seg.name, "offset": 100}
@@ -356,3 +355,36 @@ def test_a_planted_rewind_intent_is_refused_and_changes_nothing(
         statelog.open(root)
     assert err.value.hint
     assert {k: v for k, v in tree(root).items() if k != "REWIND"} == before
+
+
+def test_records_written_before_commit_times_still_read(tmp_path: Path) -> None:
+    """A five-element record (no ``commit_ms``) decodes with 0, "unknown"; ``epoch_at``
+    passes over it and never answers later than the truth."""
+    import msgspec
+
+    from statelog.format.records import decode_record, encode_value
+
+    old = msgspec.msgpack.encode([1, 3, {"p": 9}, 100, [["default", ["k"], [encode_value(1)], []]]])
+    rec = decode_record(old)
+    assert (rec.epoch, rec.commit_ms, rec.offsets) == (3, 0, {"p": 9})
+
+    import statelog.store.store as store_module
+
+    real = store_module.encode_record
+    root = tmp_path / "s"
+    with pytest.MonkeyPatch.context() as mp:  # a store written before commit times
+        mp.setattr(
+            store_module, "encode_record", lambda r: real(r)[:-9].replace(b"\x96", b"\x95", 1)
+        )
+        history(root, 40, every=20)
+    with statelog.open(root, **SMALL) as w:
+        assert w.committed_at is None and w.epoch == 40  # the old records carry no time
+        check_view(root, 25)
+        for i in range(41, 46):
+            run_commit(w, STREAM.commit(i))  # new records carry one
+        first_timed = w.committed_at
+        assert first_timed is not None and w.epoch_at(first_timed) == 45
+        with pytest.raises(statelog.EpochUnavailableError):
+            w.epoch_at(datetime(2000, 1, 1, tzinfo=UTC))
+    compact(root, min_tail_bytes=0, retain=5)
+    check_view(root, 44)

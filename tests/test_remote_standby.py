@@ -323,3 +323,29 @@ def test_statelog_promote_cli_from_a_remote(
     capsys.readouterr()
     with pytest.raises(FencedError):
         statelog.open(tmp_path / "copy", remote=env.url)
+
+
+def test_a_takeover_from_an_earlier_epoch_rebuilds_the_standby(
+    tmp_path: Path,
+    env: Remote,  # noqa: F811
+) -> None:
+    """The remote restored to epoch 30 and taken over; its new writer commits other
+    values: the standby serves the new history, never a mix of both."""
+    src, copy, new = tmp_path / "src", tmp_path / "copy", tmp_path / "new"
+    with statelog.open(src, segment_bytes=4096) as w:
+        for i in range(1, 61):
+            w.commit(
+                offsets={"p": i}, low_watermark_ms=i, put={f"k{i % 5}": ["old", i], f"o{i}": i}
+            )
+    ship(src, env.url)
+    sb = statelog.open(copy, follow=env.url, follow_poll=MANUAL)
+    assert sb.epoch == 60
+    restore(env.url, new, upto=30, take_over=True)
+    with statelog.open(new, segment_bytes=4096, remote=env.url) as w2:
+        for i in range(31, 76):
+            w2.commit(offsets={"p": i}, low_watermark_ms=i, put={f"k{i % 5}": ["new", i]})
+    ship(new, env.url)
+    sb.catch_up()
+    with statelog.open(new, readonly=True, at=sb.epoch) as truth:
+        assert sb.epoch > 30 and dict(sb.items()) == dict(truth.items())
+    sb.close()

@@ -10,6 +10,11 @@
 | ``statelog promote COPY`` (no ``--source``)   | promotes from the source the copy names       |
 | a promotion died after its claim              | the next writer's open finishes it            |
 | a ``STANDBY`` planted as a FIFO or garbage    | refused at once, never waited on              |
+| the source rewound, sealed again, same size   | the copy takes the source's log               |
+| ``promote --force`` on a root, standby runs   | exit 4, every mark kept                       |
+| a relative ``follow=``, promoted elsewhere    | the mark names the source absolutely          |
+| ``follow=`` into a directory promoted away    | refused: it could never be promoted itself    |
+| the mark cannot be removed during promotion   | typed error, the copy's lock released         |
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from statelog.compaction.fold import compact
 from statelog.kit.workload import Stream, run_commit, store_digest
 from statelog.replica.promoted import claim_source
 from statelog.storage.layout import STANDBY
+from statelog.storage.marks import standby_source
 
 STREAM = Stream(seed=17)
 SMALL: dict[str, Any] = {"segment_bytes": 16 << 10}
@@ -179,3 +185,87 @@ def test_a_planted_standby_mark_is_refused_at_once(tmp_path: Path, planted: str)
     with pytest.raises(statelog.StandbyCopyError) as err:
         statelog.open(store)
     assert "cannot be read" in str(err.value)
+
+
+# -- what a second attack found -------------------------------------------------------------
+
+
+def _items(s: statelog.StateStore) -> dict[str, Any]:
+    return {"epoch": s.epoch, **dict(s.items())}
+
+
+def test_a_sealed_segment_rewound_and_sealed_again_at_its_length_is_taken(
+    tmp_path: Path,
+) -> None:
+    """Rewound in place, then regrown to the same length and sealed by a clean close: the
+    standby takes the source's log, and its promotion keeps the source's commits."""
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    with statelog.open(src) as w:
+        for i in range(1, 61):
+            w.commit(offsets={"p": i}, low_watermark_ms=i, put={f"o{i}": i})
+    sb = statelog.open(copy, follow=src, follow_poll=MANUAL)
+    assert cli_main(["recover", str(src), "--to-epoch", "30"]) == 0
+    with statelog.open(src) as w:
+        for i in range(31, 61):
+            w.commit(offsets={"p": i}, low_watermark_ms=i, put={f"n{i}": i})
+    with statelog.open(src, readonly=True) as ro:
+        want = _items(ro)
+    sb.catch_up()
+    assert _items(sb) == want
+    assert sb.promote().epoch == 60 and _items(sb) == want
+    sb.close()
+
+
+def test_a_forced_root_promotion_while_its_standby_runs_changes_nothing(tmp_path: Path) -> None:
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    with statelog.ShardedStore(src, shards=2) as w:
+        for i in range(10):
+            w.commit(offsets={f"p{i % 2}": i}, low_watermark_ms=i, put={f"k{i}": i})
+    running = statelog.ShardedStore(copy, follow=src)
+    try:
+        before = tree(copy)
+        code = cli_main(["promote", str(copy), "--source", str(tmp_path / "gone"), "--force"])
+        assert code == 4 and tree(copy) == before  # busy: every mark kept
+    finally:
+        running.close()
+    with pytest.raises(statelog.StatelogError):
+        statelog.ShardedStore(copy).close()  # still standbys
+
+
+def test_the_mark_names_the_source_absolutely(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site"
+    with statelog.open(site / "primary") as w:
+        w.commit(offsets={"p": 1}, low_watermark_ms=0)
+    monkeypatch.chdir(site)
+    statelog.open("replica", follow="primary", follow_poll=MANUAL).close()
+    assert standby_source(site / "replica") == str((site / "primary").resolve())
+    monkeypatch.chdir(tmp_path)  # an operator elsewhere
+    assert cli_main(["promote", str(site / "replica")]) == 0
+
+
+def test_a_directory_that_was_promoted_away_is_no_standby_copy(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    with statelog.open(a) as w:
+        w.commit(offsets={"p": 1}, low_watermark_ms=0)
+    with statelog.open(b, follow=a, follow_poll=MANUAL) as sb:
+        sb.promote()
+    before = tree(a)
+    with pytest.raises(statelog.StorePromotedError) as err:
+        statelog.open(a, follow=b)
+    assert "empty directory" in err.value.hint and tree(a) == before
+
+
+def test_a_failed_mark_removal_releases_the_copy(tmp_path: Path) -> None:
+    src, copy = standby_copy(tmp_path)
+    sb = statelog.open(copy, follow=src, follow_poll=MANUAL)
+    (copy / STANDBY).unlink()
+    (copy / STANDBY).mkdir()  # stands for a copy whose mark cannot be removed (EACCES, EIO)
+    with pytest.raises(statelog.StorageError) as err:
+        sb.promote()
+    assert "finishes the promotion" in err.value.hint
+    (copy / STANDBY).rmdir()
+    with statelog.open(copy) as w:  # not locked by this process any more
+        assert w.epoch == 39
+    sb.close()

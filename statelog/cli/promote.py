@@ -27,6 +27,7 @@ from statelog.errors import (
 )
 from statelog.sharding.partition import MANIFEST, shard_dir_name
 from statelog.sharding.sharded import ShardedStore, ShardOpenError
+from statelog.storage.lock import StoreLock
 from statelog.storage.marks import clear_standby, standby_source
 from statelog.store.standby_role import Promotion
 from statelog.store.store import StateStore
@@ -108,7 +109,11 @@ def _promote_store(args: argparse.Namespace) -> Promotion:
     except (StoreNotFoundError, StorageError) as exc:
         if not _may_force(args) or not (args.copy / "IDENTITY").exists():
             raise PromotionRefusedError(f"{args.source} cannot be read: {exc}") from exc
-        clear_standby(args.copy)  # forced: the copy as it is, its writer's open recovers it
+        lock = StoreLock(args.copy)  # a standby still running holds it: exit 4
+        try:
+            clear_standby(args.copy)  # forced: the copy as it is, its writer's open recovers it
+        finally:
+            lock.release()
         store = open_store(args.copy)
     with store:
         if store.standby:
@@ -121,14 +126,12 @@ def _promote_root(args: argparse.Namespace) -> dict[int | None, Promotion]:
     try:
         root = ShardedStore(args.copy, follow=args.source)
     except (StoreNotFoundError, StorageError, ShardOpenError) as exc:
+        cause = exc.cause if isinstance(exc, ShardOpenError) else exc
+        if not isinstance(cause, StoreNotFoundError | StorageError):
+            raise cause from exc  # busy, promoted or damaged: its own exit status
         if not _may_force(args) or not (args.copy / MANIFEST).exists():
             raise PromotionRefusedError(f"{args.source} cannot be read: {exc}") from exc
-        for shard in sorted(args.copy.glob("shard-*")):
-            if args.shard is None or shard.name == shard_dir_name(args.shard):
-                clear_standby(shard)  # forced: every shard's copy as it is
-        with ShardedStore(args.copy) as forced:
-            todo = [args.shard] if args.shard is not None else range(forced.shards)
-            return {i: _as_is(forced.shard(i)) for i in todo}
+        return _force_root(args)
     with root:
         return {i: p for i, p in root.promote(args.shard, force=args.force).items()}
 
@@ -158,3 +161,23 @@ def _followed(copy: Path) -> str:
         f"{copy} names no source it follows (it is not a standby's copy, or an older one)",
         hint="give the source: statelog promote COPY --source SOURCE",
     )
+
+
+def _force_root(args: argparse.Namespace) -> dict[int | None, Promotion]:
+    """``--force`` on a sharded root whose source cannot be read: each shard's copy as it
+    is, its STANDBY mark removed only while this process holds the copy's lock (a standby
+    still running holds it: exit 4, nothing changed)."""
+    todo = [args.shard] if args.shard is not None else None
+    locks = []
+    try:
+        for shard in sorted(args.copy.glob("shard-*")):
+            if todo is None or shard.name in {shard_dir_name(i) for i in todo}:
+                locks.append((shard, StoreLock(shard)))
+        for shard, _lock in locks:
+            clear_standby(shard)
+    finally:
+        for _shard, lock in locks:
+            lock.release()
+    with ShardedStore(args.copy) as forced:
+        which = todo if todo is not None else range(forced.shards)
+        return {i: _as_is(forced.shard(i)) for i in which}

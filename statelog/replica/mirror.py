@@ -182,8 +182,8 @@ def _copy_segment(
     if seal is not None:
         known = tails.pop(dest.name, None)
         result.source_epoch = max(result.source_epoch, seal[0])
-        if have == size:
-            return
+        if have == size and peek_seal(dest, have) == seal:
+            return  # the same SEAL: its crc chains every frame before it
         if known is None or known[0] != have or not _seal_copy(source, dest, files, known):
             if have:  # the copy held a prefix that the sealed segment does not continue
                 result.rewound.append(f"wal/{dest.name}")

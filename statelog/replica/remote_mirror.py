@@ -30,6 +30,7 @@ standby's recovery of the copy verifies it as any read does.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import uuid
@@ -84,6 +85,8 @@ class RemoteSource:
         """The writer generation that owned the store at the last look."""
         self.manifest: Manifest | None = None
         """The MANIFEST the last look read."""
+        self.held: dict[str, str] = {}
+        """Copy files this process knows to hold an object: local name -> its key."""
 
     def __str__(self) -> str:
         return self.url
@@ -114,13 +117,18 @@ def mirror_remote(src: RemoteSource, dest: Path, files: FileLayer | None = None)
                     f"store {src.store_id} has no MANIFEST at {src.url}",
                     hint="the store was never shipped there, or its remote copy was removed",
                 )
+            taken_over = bool(src.generation) and cur.manifest.generation != src.generation
             src.generation, src.manifest = cur.manifest.generation, cur.manifest
             _identity(src, cur.manifest, dest, files)
             result = MirrorResult(source_epoch=cur.manifest.last_epoch)
+            if taken_over:
+                # Another writer took the store over, perhaps from an earlier point: its
+                # log need not continue what was applied, so the state is rebuilt.
+                result.rewound.append("MANIFEST")
             plan = _plan(src, cur.manifest, dest)
             if plan is None:
                 return result  # nothing shipped that reaches back to a restore point yet
-            wanted = [e for e in _uses(plan, src.refused) if not _present(dest, e)]
+            wanted = [e for e in _uses(plan, src.refused) if not _present(src, dest, e)]
             if wanted:
                 keys = [e.key for e in wanted]
                 with remote_pin(src.client, src.store_id, keys, ttl=_PIN_TTL, purpose="standby"):
@@ -179,12 +187,26 @@ def _path(dest: Path, e: Entry) -> Path:
     return Confined(dest).path(WAL_DIR if e.kind == "wal" else SNAPSHOT_DIR, e.name)
 
 
-def _present(dest: Path, e: Entry) -> bool:
-    """Whether the copy holds ``e`` whole (files appear by rename, never partly)."""
+def _present(src: RemoteSource, dest: Path, e: Entry) -> bool:
+    """Whether the copy holds ``e`` (files appear by rename, never partly): a file of its
+    name and size that this process downloaded as ``e``, or whose SHA-256 is ``e``'s (a
+    file of another writer generation may have the same name and size)."""
+    path = _path(dest, e)
     try:
-        return _path(dest, e).stat().st_size == e.size
+        if path.stat().st_size != e.size:
+            return False
     except FileNotFoundError:
         return False
+    if src.held.get(e.name) == e.key:
+        return True
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    if h.hexdigest() != e.sha256:
+        return False
+    src.held[e.name] = e.key
+    return True
 
 
 def _fetch(
@@ -232,6 +254,7 @@ def _download(
     if why is not None:
         files.remove(path)
         return _refuse(src, e, why)
+    src.held[e.name] = e.key
     return True
 
 
@@ -254,11 +277,23 @@ def _prune(dest: Path, plan: Plan, files: FileLayer, result: MirrorResult) -> No
     one the snapshot ends in, deleted before it was shipped) must not leave
     an older one in the copy that recovery would take for it.
     """
+    used = {e.name for e in _uses(plan) if e.kind == "wal"}
+    for _seq, _lsn, path in list_segments(StoreLayout(dest).wal):
+        if path.name not in used and (plan.snapshot is None or _seq >= _first_seq(plan)):
+            # A segment of a history the remote no longer lists (a takeover from an
+            # earlier point): recovery must not replay it after the plan's.
+            files.remove(path)
+            result.deleted.append(f"{WAL_DIR}/{path.name}")
+            result.rewound.append(f"{WAL_DIR}/{path.name}")
     if plan.snapshot is None:
         return
     seqs = [e.sequence for e in _uses(plan) if e.kind == "wal"]
     kept = {e.name for e in plan.chain}
     prune(dest, min(seqs, default=_NO_SEGMENT), kept, plan.chain[0].last_lsn, files, result)
+
+
+def _first_seq(plan: Plan) -> int:
+    return min((e.sequence for e in _uses(plan) if e.kind == "wal"), default=_NO_SEGMENT)
 
 
 def claim_copy(
@@ -314,7 +349,7 @@ def claim_copy(
             e.key, e.sha256, e.size, now
         )
         for e in manifest.objects
-        if _present(dest, e)
+        if _present(src, dest, e)
     }
     through = max((seq for seq, _f, _p in list_segments(StoreLayout(dest).wal)), default=0)
 

@@ -59,7 +59,7 @@ from statelog.errors import (
     StorePromotedError,
 )
 from statelog.recovery.report import RecoveryReport
-from statelog.replica.promoted import check_unclaimed, claim_source
+from statelog.replica.promoted import check_unclaimed, claim_source, read_promoted
 from statelog.replica.standby import Lag, Standby
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
@@ -121,6 +121,12 @@ class StandbyRole:
                 )
             check_unclaimed(source, self.path)
         _check_not_claimed_copy(self.path)
+        if read_promoted(self.path) is not None:
+            raise StorePromotedError(
+                f"{self.path} holds PROMOTED: a standby of it was promoted, so it cannot "
+                "be a standby's copy (its own promotion could never claim it)",
+                hint="give the standby an empty directory, or move this one aside",
+            )
         layout = StoreLayout(self.path)
         layout.check_can_host()
         files.makedirs(self.path)
@@ -129,8 +135,9 @@ class StandbyRole:
             # A fresh copy is marked before its first byte, an existing one once it
             # proved to be this source's copy: never a directory the look refuses.
             fresh = not layout.identity.exists()
+            named = _source_name(opts.follow)
             if fresh:
-                mark_standby(self.path, str(opts.follow), files)
+                mark_standby(self.path, named, files)
             standby = Standby(
                 self.path, source, view=self._view, install=self._install_state,
                 poll=opts.follow_poll.total_seconds(), files=files,
@@ -138,8 +145,8 @@ class StandbyRole:
         except BaseException:
             self._standby_lock.release()
             raise
-        if not fresh and standby_source(self.path) != str(opts.follow):
-            mark_standby(self.path, str(opts.follow), files)
+        if not fresh and standby_source(self.path) != named:
+            mark_standby(self.path, named, files)
         return standby
 
     def _install_state(self, state: LiveState) -> None:
@@ -205,9 +212,15 @@ class StandbyRole:
                 self._closed = True
                 self._standby = None
                 standby.close()
+                if self._standby_lock is not None:
+                    self._standby_lock.release()
+                    self._standby_lock = None
                 raise StorageError(
                     f"promoting {self.path}: its STANDBY mark could not be removed: {exc}",
                     errno=exc.errno,
+                    hint="the source is claimed for this copy already; fix the copy's "
+                    "directory (permissions, the device), then open it as a writer: its "
+                    "open removes STANDBY and finishes the promotion",
                 ) from exc
             return self._become_writer(standby, remote)
 
@@ -320,3 +333,10 @@ def _check_not_claimed_copy(copy: Path) -> None:
             hint=f"open it as a writer with remote={rec.url!r}, or give the standby an empty "
             "directory",
         )
+
+
+def _source_name(follow: object) -> str:
+    """How the copy's ``STANDBY`` names its source: a URL as given, a directory as its
+    absolute real path (so a promotion from any working directory finds it)."""
+    text = str(follow)
+    return text if "://" in text else os.path.realpath(text)
