@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,8 @@ import statelog
 from statelog.cli import main as cli_main
 from statelog.compaction.fold import compact
 from statelog.kit.workload import Stream, run_commit, store_digest
+from statelog.recovery.point import restore_point
+from statelog.recovery.rewind import plan_rewind
 from statelog.recovery.timeline import oldest_restorable
 from statelog.storage.fileio import FileLayer
 from statelog.storage.snapshots import verify_snapshot
@@ -388,3 +390,48 @@ def test_records_written_before_commit_times_still_read(tmp_path: Path) -> None:
             w.epoch_at(datetime(2000, 1, 1, tzinfo=UTC))
     compact(root, min_tail_bytes=0, retain=5)
     check_view(root, 44)
+
+
+def test_epoch_zero_is_neither_rewound_nor_restored_to(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    history(root, 5)
+    before = tree(root)
+    assert cli_main(["recover", str(root), "--to-epoch", "0"]) == 3
+    assert cli_main(["restore", str(root), str(tmp_path / "d"), "--epoch", "0"]) == 3
+    with pytest.raises(statelog.InvalidOptionError):
+        plan_rewind(root, 0)
+    with pytest.raises(statelog.InvalidOptionError):
+        restore_point(root, tmp_path / "d", 0)
+    assert tree(root) == before and not (tmp_path / "d").exists()
+    with statelog.open(root, readonly=True, at=0) as empty:  # a view of it is fine
+        assert empty.epoch == 0 and dict(empty.items()) == {}
+
+
+def test_a_read_only_open_checks_a_pending_rewind_as_the_writer_does(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    history(root, 50)
+    seg = max((root / "wal").glob("*.wal"))
+    doc = {"epoch": 5, "discarded": [6, 9], "evidence": ".rewound-5-1",
+           "cut": {"file": seg.name, "offset": 100}}  # fmt: skip
+    (root / "REWIND").write_text(json.dumps(doc))
+    with pytest.raises(statelog.CorruptionError):
+        statelog.open(root, readonly=True)
+
+
+def test_a_time_just_before_a_commit_never_finds_it(tmp_path: Path, clock: list[int]) -> None:
+    with statelog.open(tmp_path / "s") as w:
+        clock[0] = T0 + 1000
+        w.commit(offsets={"p": 1}, low_watermark_ms=0)
+        clock[0] = T0 + 2000
+        w.commit(offsets={"p": 2}, low_watermark_ms=0)
+        second = w.committed_at
+        assert second is not None
+        assert w.epoch_at(second) == 2
+        assert w.epoch_at(second - timedelta(microseconds=400)) == 1  # floored, not rounded
+
+
+def test_the_changes_of_a_view_end_at_its_epoch(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    history(root, 20)
+    with statelog.open(root, readonly=True, at=10) as v:
+        assert [c.epoch for c in v.changes(since=8)] == [9, 10]

@@ -50,8 +50,11 @@ def _epoch_arg(text: str) -> int:
         v = int(text)
     except ValueError:
         v = -1
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"not an epoch: {text!r} (an integer >= 0)")
+    if v < 1:
+        raise argparse.ArgumentTypeError(
+            f"not an epoch to restore or rewind to: {text!r} (an integer >= 1; epoch 0 is "
+            "the empty store: start a new one instead)"
+        )
     return v
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from statelog.errors import CorruptionError, NotAStoreError, StorageError
+from statelog.errors import CorruptionError, InvalidOptionError, NotAStoreError, StorageError
 from statelog.format.records import RecordSchemaError, decode_record
 from statelog.log.reader import scan_segment
 from statelog.log.segments import list_segments
@@ -209,6 +209,11 @@ def restore_point(
     """
     root, dest = Path(root), Path(dest)
     files = files or FileLayer()
+    if isinstance(at, int) and (isinstance(at, bool) or at < 1):
+        raise InvalidOptionError(
+            f"epoch {at!r}: a store is restored to an epoch >= 1",
+            hint="epoch 0 is the empty store: start a new store instead",
+        )
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise NotAStoreError(
             f"{dest} exists and is not empty", hint="restore into a new or empty directory"

@@ -20,13 +20,13 @@ import uuid
 import weakref
 from pathlib import Path
 
-from statelog.errors import CorruptionError, StorageError
+from statelog.errors import StorageError
+from statelog.recovery.intent import checked_rewind
 from statelog.recovery.ladder import recover_store
 from statelog.recovery.report import RecoveryReport
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
-from statelog.storage.layout import REWIND, StoreLayout
-from statelog.storage.marks import read_mark
+from statelog.storage.layout import StoreLayout
 
 __all__ = ["ReadOnlyRecovery", "recover_readonly"]
 
@@ -38,7 +38,9 @@ class ReadOnlyRecovery:
     and remove the private image directory. ``state`` must not be read after.
     """
 
-    __slots__ = ("__weakref__", "_image_dir", "_remove", "report", "root", "state", "store_id")
+    __slots__ = (
+        "__weakref__", "_image_dir", "_remove", "report", "root", "state", "store_id", "upto",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -47,8 +49,12 @@ class ReadOnlyRecovery:
         state: LiveState,
         report: RecoveryReport,
         image_dir: Path,
+        upto: int | None = None,
     ) -> None:
         self.root = root
+        self.upto = upto
+        """The epoch the recovery was held to (a view of the past, or a pending rewind's);
+        None: the newest."""
         self.store_id = store_id
         self.state = state
         """The recovered state: every commit of the verified log, nothing more."""
@@ -110,13 +116,11 @@ def recover_readonly(
     files = files or FileLayer()
     layout = StoreLayout(Path(root))
     store_id = layout.read_identity(files)
-    pending = read_mark(layout.root / REWIND)
+    pending = checked_rewind(layout.root, files)
     if pending is not None:
-        # A rewind whose intent is durable: the store is the rewound one, even before a
-        # writer's open finishes moving its files.
-        epoch = pending.get("epoch")
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise CorruptionError(layout.root / REWIND, 0, "not the intent of a rewind")
+        # A rewind whose intent is durable (and matches the log): the store is the
+        # rewound one, even before a writer's open finishes moving its files.
+        epoch = int(pending["epoch"])
         upto = epoch if upto is None else min(upto, epoch)
     try:
         image_dir = Path(tempfile.mkdtemp(prefix="statelog-ro-"))
@@ -136,4 +140,4 @@ def recover_readonly(
         state.base.close()
         shutil.rmtree(image_dir, ignore_errors=True)
         raise
-    return ReadOnlyRecovery(layout.root, store_id, state, report, image_dir)
+    return ReadOnlyRecovery(layout.root, store_id, state, report, image_dir, upto)

@@ -38,20 +38,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from statelog.errors import CorruptionError
+from statelog.errors import InvalidOptionError
 from statelog.events import emit
-from statelog.format.records import RecordSchemaError, decode_record
-from statelog.format.wal import HEADER_SIZE
-from statelog.log.reader import scan_segment
 from statelog.log.segments import list_segments
+from statelog.recovery.intent import check_intent, pending_rewind
 from statelog.recovery.point import PointPlan, plan_point
 from statelog.recovery.timeline import recover_at
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import REWIND, StoreLayout
-from statelog.storage.marks import read_mark
 from statelog.storage.snapshots import list_snapshots
 
-__all__ = ["Rewind", "finish_rewind", "pending_rewind", "plan_rewind", "rewind"]
+__all__ = ["Rewind", "finish_rewind", "plan_rewind", "rewind"]
 
 
 @dataclass(frozen=True)
@@ -77,9 +74,12 @@ class Rewind:
 def plan_rewind(root: Path, epoch: int, files: FileLayer | None = None) -> Rewind:
     """The rewind of ``root`` to ``epoch``: nothing is changed.
 
+    :raises InvalidOptionError: ``epoch`` is below 1 (a store rewound to the empty state
+        would hold no log: start a new store instead).
     :raises EpochUnavailableError: the epoch cannot be rebuilt exactly.
     :raises StatelogError: as a read-only open.
     """
+    _check_target(epoch)
     with recover_at(root, epoch, files=files) as view:
         plan = plan_point(root, view, files)
     return Rewind(plan, f".rewound-{epoch}-{int(time.time() * 1000)}")
@@ -99,50 +99,6 @@ def rewind(root: Path, planned: Rewind, files: FileLayer | None = None) -> dict[
     return doc
 
 
-def pending_rewind(root: Path) -> dict[str, Any] | None:
-    """The intent of an unfinished rewind of ``root`` (None: there is none).
-
-    :raises CorruptionError: ``REWIND`` exists but is not a rewind's intent.
-    """
-    doc = read_mark(root / REWIND)
-    if doc is None:
-        return None
-    try:
-        epoch, evidence, cut = doc["epoch"], doc["evidence"], doc["cut"]
-        ok = (
-            isinstance(epoch, int)
-            and not isinstance(epoch, bool)
-            and epoch >= 0
-            and isinstance(evidence, str)
-            and evidence.startswith(".rewound-")
-            and _plain(evidence[1:])
-            and (cut is None or (_plain(cut["file"]) and _offset(cut["offset"])))
-        )
-    except (KeyError, TypeError):
-        ok = False
-    if not ok:
-        raise CorruptionError(
-            root / REWIND, 0, "not the intent of a rewind statelog wrote",
-            hint="move REWIND aside and open the store; it was not written by statelog",
-        )  # fmt: skip
-    return doc
-
-
-def _offset(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= HEADER_SIZE
-
-
-def _plain(name: object) -> bool:
-    """A plain file name: no directory part, nothing hidden, bounded."""
-    return (
-        isinstance(name, str)
-        and 0 < len(name) <= 255
-        and "/" not in name
-        and "\0" not in name
-        and not name.startswith(".")
-    )
-
-
 def finish_rewind(root: Path, files: FileLayer | None = None) -> dict[str, Any] | None:
     """Finish the rewind ``REWIND`` describes (module docstring, step 2); None if none is
     pending. Idempotent.
@@ -156,7 +112,7 @@ def finish_rewind(root: Path, files: FileLayer | None = None) -> dict[str, Any] 
         return None
     evidence, epoch = str(doc["evidence"]), int(doc["epoch"])
     layout = StoreLayout(root)
-    _check_intent(layout, epoch, doc["cut"], files)
+    check_intent(layout, epoch, doc["cut"], files)
     later = [p.name for e, _l, p in list_snapshots(layout.snapshots) if e > epoch]
     moved = _move(layout.snapshots, later, evidence, files)
     cut = doc["cut"]
@@ -185,51 +141,6 @@ def _move(src_dir: Path, names: list[str], suffix: str, files: FileLayer) -> lis
     return moved
 
 
-def _check_intent(
-    layout: StoreLayout, epoch: int, cut: dict[str, Any] | None, files: FileLayer
-) -> None:
-    """Refuse an intent that does not describe this store, before anything moves: the
-    log must end epoch ``epoch``'s record at the cut (or, without one, at the end of
-    the segment holding it, or a snapshot must be at ``epoch``).
-
-    :raises CorruptionError: it does not (a planted or foreign ``REWIND``).
-    """
-    if cut is not None:
-        segment, offset = layout.wal / cut["file"], int(cut["offset"])
-    else:
-        holders = [p for _s, first, p in list_segments(layout.wal) if first <= epoch]
-        snaps = {e for e, _l, _p in list_snapshots(layout.snapshots)}
-        if not holders:
-            if epoch in snaps or epoch == 0:
-                return
-            raise _foreign(layout.root, f"no segment or snapshot holds epoch {epoch}")
-        segment, offset = holders[-1], -1
-    try:
-        data = files.read(segment)
-    except FileNotFoundError:
-        raise _foreign(layout.root, f"{segment.name} is not in the log") from None
-    end = len(data) if offset < 0 else min(offset, len(data))
-    scan = scan_segment(segment, data[:end], store_id=None, prev_crc=None, is_last=True)
-    last = scan.records[-1] if scan.records else None
-    try:
-        ok = last is not None and decode_record(last.payload).epoch == epoch
-    except RecordSchemaError:
-        ok = False
-    if offset >= 0:
-        ok = ok and last is not None and last.end == offset
-    elif not ok:
-        ok = scan.sealed_lsn == epoch
-    if not ok:
-        raise _foreign(layout.root, f"the log does not end epoch {epoch} where REWIND says")
-
-
-def _foreign(root: Path, why: str) -> CorruptionError:
-    return CorruptionError(
-        root / REWIND, 0, f"not the intent of a rewind of this store: {why}",
-        hint="move REWIND aside and open the store; nothing was moved or cut",
-    )  # fmt: skip
-
-
 def _cut(segment: Path, offset: int, epoch: int, suffix: str, files: FileLayer) -> None:
     """Save what follows ``offset`` in ``segment`` aside, then cut it there (the record of
     ``epoch`` ends there: :func:`_check_intent`)."""
@@ -238,3 +149,12 @@ def _cut(segment: Path, offset: int, epoch: int, suffix: str, files: FileLayer) 
     data = files.read(segment)
     files.create_durable(segment.with_name(f"{segment.name}{suffix}.tail"), data[offset:])
     files.truncate(segment, offset)
+
+
+def _check_target(epoch: object) -> None:
+    """:raises InvalidOptionError: not an epoch a store can be rewound or restored to."""
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1:
+        raise InvalidOptionError(
+            f"epoch {epoch!r}: a store is rewound or restored to an epoch >= 1",
+            hint="epoch 0 is the empty store: start a new store instead (a view at=0 reads it)",
+        )

@@ -21,7 +21,7 @@ open does. An epoch it cannot rebuild raises
 from __future__ import annotations
 
 import contextlib
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from statelog.errors import (
@@ -43,6 +43,7 @@ __all__ = ["epoch_at", "oldest_restorable", "recover_at", "snapshot_commit_ms", 
 
 _MAX_META = 1 << 20  # a snapshot's meta is a few hundred bytes; more is not ours
 _MS = 1000
+_UNIX = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def to_ms(when: datetime) -> int:
@@ -58,7 +59,8 @@ def to_ms(when: datetime) -> int:
             hint="give one, e.g. datetime(2026, 12, 5, 9, 14, tzinfo=timezone.utc); a naive "
             "time would be read in whatever zone this host runs in",
         )
-    return round(when.timestamp() * _MS)
+    # Floored, in integers: "at or before" must never take a commit made after it.
+    return (when - _UNIX) // timedelta(milliseconds=1)
 
 
 def snapshot_commit_ms(path: Path) -> int:

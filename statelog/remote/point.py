@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from statelog.errors import EpochUnavailableError
+from statelog.errors import EpochUnavailableError, InvalidOptionError
 from statelog.format.records import decode_record
 from statelog.log.reader import scan_segment
 from statelog.recovery.timeline import snapshot_commit_ms, to_ms
@@ -39,6 +39,11 @@ class Point:
         """:raises InvalidOptionError: a datetime without a time zone."""
         if isinstance(upto, datetime):
             return cls(until_ms=to_ms(upto))
+        if upto is not None and (not isinstance(upto, int) or isinstance(upto, bool) or upto < 1):
+            raise InvalidOptionError(
+                f"upto={upto!r}: a store is restored to an epoch >= 1",
+                hint="epoch 0 is the empty store: start a new store instead",
+            )
         return cls(epoch=upto)
 
     @property

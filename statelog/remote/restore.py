@@ -151,6 +151,7 @@ def restore(
     :raises OSError: writing the local files failed; ``dest`` was not created.
     """
     started = time.perf_counter()
+    Point.of(upto)  # a bad point is refused before anything is contacted
     dest = resolve_dest(dest)
     files = files or FileLayer()
     client = client or RemoteClient.from_url(url)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from statelog.log.changes import Change, read_changes
+from statelog.recovery.readonly import ReadOnlyRecovery
 from statelog.recovery.timeline import epoch_at
 from statelog.state.live import Key, LiveState, read_value
 from statelog.store.options import StoreOptions
@@ -31,6 +32,7 @@ class StoreReads:
     _state: LiveState
     _view: threading.Lock
     _writer: StoreWriter | None
+    _ro: ReadOnlyRecovery | None
     _closed: bool
 
     @property
@@ -117,8 +119,9 @@ class StoreReads:
         read-only store's yields what the files hold, commits made after it
         was opened included. With ``follow`` the feed waits ``poll`` at the
         end of the log for more, until the store is closed or the caller stops
-        iterating. Close the iterator (or read it to its end) to release the
-        pin it holds on the segment it reads.
+        iterating. A view of the past (``at=``) yields epochs up to its own only.
+        Close the iterator (or read it to its end) to release the pin it holds on
+        the segment it reads.
 
         :raises InvalidOptionError: ``since`` is not an int >= 0, or ``poll`` is not positive.
         :raises ChangesUnavailableError: compaction folded epoch ``since + 1`` into a
@@ -128,6 +131,9 @@ class StoreReads:
         """
         seconds = poll.total_seconds() if isinstance(poll, timedelta) else poll
         upto = None if self._writer is None else (lambda: self.durable_epoch)
+        held = self._ro.upto if self._ro is not None else None
+        if held is not None:  # a view of the past (or a pending rewind): nothing after it
+            upto = lambda: held  # noqa: E731
         return read_changes(
             self.path, since, files=self._options.file_layer, follow=follow, poll=seconds,
             upto=upto, stop=lambda: self._closed,
