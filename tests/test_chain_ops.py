@@ -245,7 +245,10 @@ def test_the_thread_compactor_hands_its_chain_limits_to_the_pass(
         while list_snapshots(chain.root / "snapshots")[0][1] == newest:
             assert time.monotonic() < deadline, "the in-process compactor wrote nothing"
             time.sleep(0.02)
-    assert newest_kind(chain.root) == expect
+    full, depth = newest_kind(chain.root)
+    # The thread may run a second pass before the close stops it (the log holds more
+    # than one sealed segment): each adds a delta, so the depth is at least the first's.
+    assert full == expect[0] and (depth == expect[1] if full else depth >= expect[1])
 
 
 # -- inspect, recover --dry-run, dump -------------------------------------------------------

@@ -435,3 +435,68 @@ def test_the_changes_of_a_view_end_at_its_epoch(tmp_path: Path) -> None:
     history(root, 20)
     with statelog.open(root, readonly=True, at=10) as v:
         assert [c.epoch for c in v.changes(since=8)] == [9, 10]
+
+
+def test_a_takeover_from_an_earlier_epoch_publishes_the_new_history(
+    tmp_path: Path,
+    env: Remote,  # noqa: F811
+) -> None:
+    """The remote restored to epoch 45 and taken over, the fork goes on and ships: a
+    restore of the remote is the fork's history, never the discarded one."""
+    from statelog.remote import ship
+
+    root = tmp_path / "s"
+    history(root, 60, every=20)
+    ship(root, env.url)
+    fork = tmp_path / "fork"
+    assert cli_main(["restore", env.url, str(fork), "--epoch", "45", "--take-over"]) == 0
+    other = Stream(seed=99)
+    with statelog.open(fork, remote=env.url, **SMALL) as w:
+        for i in range(46, 81):
+            run_commit(w, other.commit(i))
+        compact(fork, min_tail_bytes=0, retain=5)
+        want = store_digest(w)
+    ship(fork, env.url)
+    assert cli_main(["restore", env.url, str(tmp_path / "again")]) == 0
+    with statelog.open(tmp_path / "again", readonly=True) as r:
+        assert r.epoch == 80 and store_digest(r) == want
+
+
+def test_a_rewind_cut_short_between_two_renames_still_reads_its_epoch(tmp_path: Path) -> None:
+    """Only a snapshot at the epoch itself rebuilds it (retention left no older one): what
+    is left between two renames must still be an unbroken log after it."""
+    base = tmp_path / "base"
+    history(base, 90, every=30)
+    compact(base, min_tail_bytes=0, retain=1)
+    with statelog.open(base, **SMALL) as w:  # a long log after the only snapshot
+        for i in range(91, 200):
+            run_commit(w, STREAM.commit(i))
+    target = oldest_restorable(base)
+    assert target is not None and target > 1
+    seen = 0
+    for k in range(1, 80):
+        root = tmp_path / f"k{k}"
+        subprocess.run(["cp", "-a", str(base), str(root)], check=True)
+        done = subprocess.run(
+            [sys.executable, "-c", _REWIND, str(root), str(target), str(k)],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        if done.returncode == 0:
+            break
+        aside = list((root / "wal").glob("*.rewound-*"))
+        if not (root / "REWIND").exists() or not aside:
+            continue  # killed before the intent, or before the first segment moved
+        seen += 1
+        with statelog.open(root, readonly=True) as ro:
+            assert ro.epoch == target and store_digest(ro) == STREAM.model(target).digest()
+            assert ro.epoch_at(datetime.now(UTC)) == target  # the pending rewind's end
+    assert seen >= 2  # killed between renames more than once
+
+
+def test_epoch_at_honours_a_pending_rewind(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    history(root, 20)
+    planned = plan_rewind(root, 10)
+    FileLayer().create_durable(root / "REWIND", json.dumps(planned.intent()).encode() + b"\n")
+    with statelog.open(root, readonly=True) as ro:
+        assert ro.epoch == 10 and ro.epoch_at(datetime.now(UTC)) == 10

@@ -135,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         "rejected": [{"key": k, "reason": why} for k, why in result.rejected],
         "lost_epochs": [lost.start, lost.stop - 1] if lost else [],
         "bytes_downloaded": result.bytes_downloaded,
+        "asked": args.epoch is not None or args.at is not None,
         "seconds": round(result.seconds, 3),
     }
     clean = not result.rejected and not lost
@@ -160,7 +161,12 @@ def _print(doc: dict[str, Any], clean: bool) -> None:
         first, last = doc["lost_epochs"]
         print(f"LOST       epochs {first}..{last} ({last - first + 1} commits)")
     verdict = (
-        "clean: the last shipped epoch was restored"
+        (
+            "clean: the epoch asked for was restored; the remote's history after it leaves "
+            "its MANIFEST when this store takes the remote over"
+            if doc["asked"]
+            else "clean: the last shipped epoch was restored"
+        )
         if clean
         else "the remote copy is damaged; the store is consistent at the epoch above: "
         "resume the reconciler from its offsets"

@@ -88,8 +88,11 @@ def compact(
         trigger that is on is reached, and whenever anything sealed is new
         if both are off.
     :param retain: snapshots that verify to keep (at least 1).
-    :param retain_for: also keep every epoch committed within this window
-        restorable (:mod:`statelog.compaction.window`); None: by count only.
+    :param retain_for: also keep every epoch committed after now minus this
+        window restorable (a positive ``timedelta``; None: by count only): the
+        newest restore point at or before the window's start, every one after
+        it and the log from it. With ``retain``, whichever keeps more
+        (:mod:`statelog.compaction.retention`).
     :param level: zstd level of the snapshot body.
     :param max_chain: the most delta snapshots on top of a full one; a pass
         that would pass it writes a full snapshot (0: every pass does).
@@ -102,7 +105,8 @@ def compact(
         abandoned safely (``skipped="interrupted"``, no retention).
     :param progress: called as ``(segment, bytes folded, bytes to fold)``
         before each segment is folded and once at the end (the CLI's bar).
-    :raises InvalidOptionError: an option is out of range, or ``lock`` is not held.
+    :raises InvalidOptionError: an option is out of range (``retain_for`` not a
+        positive timedelta among them), or ``lock`` is not held.
     :raises StoreNotFoundError: ``store`` holds no statelog store.
     :raises CompactorLockedError: another compactor holds the store.
     :raises StandbyCopyError: ``store`` is a standby's copy (compact its source).

@@ -10,6 +10,14 @@ Rules (invariant 8 of docs/architecture.md):
   counted; one that cannot be read (I/O error, newer format) is kept and
   not counted. Verified snapshots older than the oldest restore point
   kept and in no kept chain are deleted.
+* With a window (``retain_for``, :mod:`statelog.compaction.window`), also
+  keep every restore point back to the newest one whose time is at or
+  before the window's start (now minus the window): the union with the
+  ``retain`` newest. That one and the log after it rebuild every epoch
+  committed after the window's start. While no restore point is that old
+  (a store younger than its window), every restore point and every segment
+  is kept: the epochs of the window before the oldest snapshot are only in
+  the log.
 * Keep every segment needed to replay forward from the oldest snapshot
   kept: delete only the segments before the one the log continues in after
   that snapshot (the first segment starting at its LSN + 1 whose header
@@ -54,8 +62,8 @@ import msgspec
 
 from statelog.compaction.logfmt import LOGGER, kv
 from statelog.compaction.tail import SegmentInfo, find_link, list_segment_infos, peek_seal
-from statelog.compaction.window import cutoff_ms, meta_time, window_count
-from statelog.errors import CorruptionError, FormatVersionError
+from statelog.compaction.window import check_window, cutoff_ms, meta_time, peek_time, window_count
+from statelog.errors import CorruptionError, FormatVersionError, InvalidOptionError
 from statelog.events import emit
 from statelog.format.snapshot import (
     FOOTER_SIZE,
@@ -135,17 +143,28 @@ def apply_retention(
 ) -> RetentionResult:
     """Apply the retention rules (module docstring) to ``store``.
 
-    :param retain_for: also keep every epoch of this window restorable
-        (:mod:`statelog.compaction.window`); ``now_ms`` is the window's end
-        (default: now).
+    :param retain: the newest restore points to keep, at least 1.
+    :param retain_for: also keep every epoch committed after now minus this
+        window restorable (a positive ``timedelta``; None: by count only).
+    :param now_ms: the window's end, Unix ms (default: the clock now); for
+        tests and tools that replay a decision.
 
+    :raises InvalidOptionError: ``retain`` is not an int >= 1, or ``retain_for``
+        not a positive timedelta; nothing was read or deleted.
     :raises OSError: listing, verifying, unlinking or an fsync failed; what
         was unlinked before the failure stays unlinked (all of it unneeded).
     """
+    if not isinstance(retain, int) or isinstance(retain, bool) or retain < 1:
+        raise InvalidOptionError(f"retain={retain!r}", hint="an integer >= 1")
+    check_window(retain_for)
     snaps = list_snapshots(store / SNAPSHOT_DIR)
     segs = list_segment_infos(store / WAL_DIR)
     cutoff = cutoff_ms(retain_for, now_ms)
-    if not snaps or not _may_delete(snaps, segs, max(retain, window_count(snaps, cutoff))):
+    need = window_count(snaps, cutoff)
+    # The cheap plan's guess: the window's count ends at a snapshot at or before
+    # its start, or runs out of snapshots without finding one.
+    anchored = need == 0 or _before(peek_time(snaps[need - 1][2]), cutoff)
+    if not snaps or not _may_delete(snaps, segs, max(retain, need), anchored):
         return RetentionResult()
     good: list[tuple[Path, SnapshotMeta]] = []
     damaged: list[Path] = []
@@ -158,7 +177,9 @@ def apply_retention(
         except (FormatVersionError, OSError) as exc:
             _say(logging.WARNING, "snapshot_unreadable", store, file=_rel(path), reason=str(exc))
     kept, old = _restore_points(good, retain, cutoff)
-    doomed_segs = _covered(store, segs, kept[-1][1], store_id) if kept else []
+    # A window no restore point reaches back to also needs the log before the oldest.
+    anchored = cutoff is None or (bool(kept) and _before(meta_time(kept[-1][1]), cutoff))
+    doomed_segs = _covered(store, segs, kept[-1][1], store_id) if kept and anchored else []
     done = _Deletions()
     # Only the pin listing and the unlinks run under the guard: every open of
     # the store waits for it, so nothing that can block (a log handler on a
@@ -261,7 +282,7 @@ def _restore_points(
     kept: list[tuple[Path, SnapshotMeta]] = []
     needed: set[str] = set()
     for path, meta in good:
-        if len(kept) >= retain and (cutoff is None or meta_time(kept[-1][1]) <= cutoff):
+        if len(kept) >= retain and _before(meta_time(kept[-1][1]), cutoff):
             break
         chain = _chain_names(path, meta, by_name)
         if chain is not None:
@@ -272,6 +293,11 @@ def _restore_points(
     oldest = kept[-1][1].lsn
     old = [(p, m) for p, m in good if m.lsn < oldest and p.name not in needed]
     return kept, old
+
+
+def _before(t: int | None, cutoff: int | None) -> bool:
+    """Whether a snapshot of time ``t`` (None: unknown) is at or before the window's start."""
+    return cutoff is None or (t is not None and t <= cutoff)
 
 
 def _chain_names(
@@ -306,9 +332,12 @@ def _parent_of(path: Path) -> str | None:
     return doc.delta.parent if doc.delta is not None else None
 
 
-def _may_delete(snaps: list[tuple[int, int, Path]], segs: list[SegmentInfo], retain: int) -> bool:
+def _may_delete(
+    snaps: list[tuple[int, int, Path]], segs: list[SegmentInfo], retain: int, anchored: bool
+) -> bool:
     """Whether anything could go, judged by names and parent links alone (every snapshot
-    assumed good): the cheap plan that spares a pass from hashing every snapshot."""
+    assumed good): the cheap plan that spares a pass from hashing every snapshot.
+    ``anchored``: False when a window reaches back past every snapshot (no segment goes)."""
     if len(snaps) > retain:
         needed: set[str] = set()
         for _e, _l, path in snaps[:retain]:
@@ -319,6 +348,8 @@ def _may_delete(snaps: list[tuple[int, int, Path]], segs: list[SegmentInfo], ret
         oldest = snaps[retain - 1][1]
         if any(lsn < oldest and p.name not in needed for _e, lsn, p in snaps[retain:]):
             return True
+    if not anchored:
+        return False
     oldest_lsn = snaps[min(retain, len(snaps)) - 1][1]
     # Segment i ends at first_lsn(i + 1) - 1; the last segment is never deleted.
     return any(nxt.first_lsn - 1 <= oldest_lsn for nxt in segs[1:])

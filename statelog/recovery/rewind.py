@@ -118,7 +118,9 @@ def finish_rewind(root: Path, files: FileLayer | None = None) -> dict[str, Any] 
     cut = doc["cut"]
     if cut is not None:
         _cut(layout.wal / cut["file"], int(cut["offset"]), epoch, evidence, files)
-    later = [p.name for _s, first, p in list_segments(layout.wal) if first > epoch]
+    # Newest first: what is left is always an unbroken log, so a read-only open between
+    # two renames still reads the epoch (a gap would break the snapshot's link).
+    later = [p.name for _s, first, p in reversed(list_segments(layout.wal)) if first > epoch]
     moved += _move(layout.wal, later, evidence, files)
     files.remove(root / REWIND)
     files.fsync_dir(root)

@@ -33,6 +33,7 @@ from statelog.format.records import RecordSchemaError, decode_record
 from statelog.format.snapshot import HEADER_SIZE, SnapshotHeader, decode_meta, peek_meta_len
 from statelog.log.reader import StopKind, scan_segment
 from statelog.log.segments import list_segments
+from statelog.recovery.intent import checked_rewind
 from statelog.recovery.readonly import ReadOnlyRecovery, recover_readonly
 from statelog.recovery.report import Outcome
 from statelog.storage.fileio import FileLayer
@@ -123,9 +124,13 @@ def epoch_at(root: Path, when: datetime, files: FileLayer | None = None) -> int:
     files = files or FileLayer()
     limit = to_ms(when)
     StoreLayout(root).read_identity(files)
+    pending = checked_rewind(root, files)
+    cap = int(pending["epoch"]) if pending is not None else None  # the rewound store's end
     snaps = sorted(_snapshot_times(root))
     start = max((e for e, t in snaps if t <= limit), default=0)
     points = sorted([*snaps, *_log_times(root, start, files)])
+    if cap is not None:
+        points = [(e, t) for e, t in points if e <= cap]
     found: int | None = None
     for epoch, t in points:
         if t > limit:

@@ -36,6 +36,7 @@ from statelog.remote.errors import RemoteNotFoundError
 from statelog.remote.manifest import acquire as _acquire
 from statelog.remote.manifest import check as _check
 from statelog.remote.manifest import create_first, created_by, read_manifest
+from statelog.remote.point import apply_cut
 from statelog.remote.record import ShipRecord, load_record, origin_of, update_record
 from statelog.remote.restore import RestoreResult, find_store, restore
 from statelog.storage.fileio import FileLayer
@@ -150,9 +151,12 @@ def claim(store: Path, url: str, *, client: RemoteClient | None = None) -> int:
     sid = StoreLayout(store).read_identity(FileLayer())
     if rec is not None and rec.generation:
         _check(client, sid, rec.generation)
+        apply_cut(store, client, sid, rec.generation)  # a takeover that died before it
         return rec.generation
     if rec is not None:
-        return take_over(store, url, client=client)
+        gen = take_over(store, url, client=client)
+        apply_cut(store, client, sid, gen)  # a restore to an earlier epoch
+        return gen
     origin = origin_of(store)
     cur = read_manifest(client, sid)
     if cur is None:

@@ -84,7 +84,8 @@ class Entry(msgspec.Struct, frozen=True, omit_defaults=True):
     default to empty or 0, which is also how a manifest written before delta
     snapshots spells a full snapshot, so such a manifest reads unchanged (and
     re-encodes to the same bytes: defaults are omitted, so a signature over
-    it still verifies).
+    it still verifies). ``time_ms``, a snapshot's time for retention by time,
+    is read the same way: 0 (absent) is unknown, and keeps the snapshot.
     """
 
     key: str  # relative to the URL's prefix

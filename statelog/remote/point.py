@@ -12,17 +12,25 @@ the point is cut right after its record (:meth:`Point.cut`).
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
+
+import msgspec
 
 from statelog.errors import EpochUnavailableError, InvalidOptionError
 from statelog.format.records import decode_record
 from statelog.log.reader import scan_segment
 from statelog.recovery.timeline import snapshot_commit_ms, to_ms
-from statelog.remote.manifest import Entry
+from statelog.remote.client import RemoteClient
+from statelog.remote.manifest import Entry, Manifest, commit
+from statelog.remote.plan import plan_restore
+from statelog.remote.record import load_record, update_record
 from statelog.remote.staging import Staging
+from statelog.storage.fileio import FileLayer
 
-__all__ = ["Point"]
+__all__ = ["Point", "apply_cut", "cut_manifest"]
 
 
 @dataclass
@@ -124,3 +132,42 @@ class Point:
         while restored and restored[-1].kind == "wal" and restored[-1].first_lsn > found:
             st.remove(restored.pop())
         return found
+
+
+def cut_manifest(m: Manifest, epoch: int) -> Manifest:
+    """``m`` without the history after ``epoch``: snapshots after it, and segments that
+    end after it (the one holding it was cut by the restore), moved to ``garbage``.
+
+    A takeover from an earlier epoch publishes this before it ships: otherwise the
+    discarded history's newer snapshots would stay the newest restore point, and a
+    restore would bring back what the rewind discarded.
+    """
+    gone = [
+        e for e in m.objects
+        if (e.kind == "snapshot" and e.last_lsn > epoch) or (e.kind == "wal" and e.last_lsn > epoch)
+    ]  # fmt: skip
+    keys = {e.key for e in gone}
+    kept = tuple(e for e in m.objects if e.key not in keys)
+    cut = msgspec.structs.replace(m, objects=kept, garbage=tuple(sorted(set(m.garbage) | keys)))
+    plan = plan_restore(cut)
+    return msgspec.structs.replace(cut, last_epoch=plan.epoch if plan else 0)
+
+
+def apply_cut(
+    store: Path, client: RemoteClient, store_id: uuid.UUID, generation: int,
+    files: FileLayer | None = None,
+) -> None:  # fmt: skip
+    """If ``store``'s ``remote.json`` names a cut (a restore to an earlier epoch), publish
+    it in the MANIFEST as ``generation`` (:func:`cut_manifest`), then clear it from the
+    record. Idempotent: a crash between the two leaves the cut to be published again.
+
+    :raises FencedError: ``generation`` no longer owns the store; nothing was written.
+    :raises RemoteError: the MANIFEST could not be written.
+    :raises OSError: ``remote.json`` could not be written.
+    """
+    rec = load_record(store, files)
+    if rec is None or not rec.cut_at:
+        return
+    cut = rec.cut_at
+    commit(client, store_id, generation, lambda m: cut_manifest(m, cut))
+    update_record(store, lambda cur: msgspec.structs.replace(cur or rec, cut_at=0), files)

@@ -64,6 +64,10 @@ class ShipRecord(msgspec.Struct, frozen=True):
     # over: segments up to it that name an older generation are the history the
     # takeover adopted, and ship under ``generation`` (docs/remote.md).
     adopted_through: int = 0
+    # A restore to an earlier epoch: the remote's history after it is not this store's.
+    # The takeover that makes this directory the writer drops it from the MANIFEST
+    # (statelog.remote.point.cut_manifest) before anything new is shipped; 0: none.
+    cut_at: int = 0
 
 
 def load_record(store: Path, files: FileLayer | None = None) -> ShipRecord | None:

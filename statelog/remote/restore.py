@@ -61,7 +61,7 @@ from statelog.remote.links import refuse as _refuse
 from statelog.remote.manifest import Entry, Manifest, acquire, read_manifest
 from statelog.remote.pins import remote_pin
 from statelog.remote.plan import Planner
-from statelog.remote.point import Point
+from statelog.remote.point import Point, apply_cut
 from statelog.remote.record import RECORD, Shipped, ShipRecord, save_record
 from statelog.remote.signing import KEY_ENV
 from statelog.remote.staging import Staging, resolve_dest
@@ -176,6 +176,8 @@ def restore(
             dest.rmdir()  # empty, checked above; rename() cannot replace it atomically anyway
         files.rename(st.root, dest)
         files.fsync_dir(dest.parent)
+        if generation:
+            apply_cut(dest, client, sid, generation, files)  # this restore took it over
         done = RestoreResult(**{**result.__dict__, "seconds": time.perf_counter() - started})
         log.info(
             "event=restored dest=%s store_id=%s epoch=%d shipped_epoch=%d rejected=%d lost=%d "
@@ -260,8 +262,9 @@ def _restore(
         epoch = point.cut(st, restored, epoch, m.last_epoch)
     now = int(time.time() * 1000)
     record = ShipRecord(
-        url=st.client.where, store_id=str(sid), generation=generation, last_epoch=m.last_epoch,
-        last_ship_ms=now,
+        url=st.client.where, store_id=str(sid), generation=generation,
+        last_epoch=epoch if point.bounded else m.last_epoch, last_ship_ms=now,
+        cut_at=epoch if point.bounded and epoch < m.last_epoch else 0,
         files={
             f"{WAL_DIR if e.kind == 'wal' else SNAPSHOT_DIR}/{e.name}": Shipped(
                 e.key, e.sha256, e.size, now

@@ -11,11 +11,11 @@ One call (:func:`ship`), in this order:
 2. upload ``IDENTITY`` once, then each sealed segment in log order, then
    each snapshot oldest first (so a delta's parent is listed no later than
    the delta; its entry records the chain link: :class:`.manifest.Entry`).
-   Every file is verified whole before it is
-   read for upload (the segment scan, the snapshot hash): damage is never
-   shipped. Each upload is a create (If-None-Match) of a key under this
-   generation, carrying the SHA-256 of its bytes as metadata; a key that
-   exists with the same hash is our own earlier upload and is adopted;
+   Every file is verified whole before it is read for upload (the segment
+   scan, the snapshot hash): damage is never shipped. Each upload is a
+   create (If-None-Match) of a key under this generation, carrying the
+   SHA-256 of its bytes; a key that exists with the same hash is our own
+   earlier upload and is adopted;
 3. one conditional manifest write (If-Match, fenced) lists the new objects;
    until it lands they are invisible to restore. If it is refused because
    the store was taken over, this call deletes what it uploaded and raises
@@ -24,8 +24,7 @@ One call (:func:`ship`), in this order:
    fsync dir: :func:`.record.update_record`);
 5. optionally, remote retention (:mod:`.retention`).
 
-The writer's active segment (the last one, unsealed) is never shipped.
-Every step is safe to repeat after a crash or an error.
+The writer's active segment is never shipped. Every step is safe to repeat.
 
 A segment whose header names a generation below the one shipping
 (:func:`header_generation`) is one of two things. If its sequence is at
@@ -66,8 +65,9 @@ from statelog.remote.manifest import (
     read_manifest,
 )
 from statelog.remote.plan import plan_restore
+from statelog.remote.point import apply_cut
 from statelog.remote.record import Shipped, ShipRecord, load_record, origin_of, update_record
-from statelog.remote.retention import RemoteRetentionResult, apply_remote_retention
+from statelog.remote.retention import RemoteRetentionResult, check_retention, retain_after_ship
 from statelog.remote.url import StoreKeys
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
@@ -288,8 +288,8 @@ def ship(
         in ``remote.json``; a store that never shipped creates or joins
         generation 1, :func:`.manifest.create_first`).
     :param retain: after shipping, apply remote retention keeping this many snapshots.
-    :param retain_for: after shipping, apply remote retention keeping every epoch of
-        this window restorable (with ``retain``, or at least 1 snapshot without it).
+    :param retain_for: after shipping, also keep every epoch of this window restorable.
+    :raises InvalidOptionError: ``retain`` or ``retain_for`` is out of range; nothing shipped.
     :raises StoreNotFoundError: ``store`` holds no statelog store.
     :raises FencedError: another generation owns the store, or a segment of
         an older generation was written after this directory's takeover;
@@ -298,13 +298,15 @@ def ship(
         other bytes (``remote.json`` is unchanged; run again).
     :raises OSError: reading a local file or writing ``remote.json`` failed.
     """
-    started = time.perf_counter()
-    files = files or FileLayer()
-    store = Path(store)
+    check_retention(retain, retain_for)
+    started, files, store = time.perf_counter(), files or FileLayer(), Path(store)
     sid = StoreLayout(store).read_identity(files)
     client = client or RemoteClient.from_url(url)
     rec = load_record(store, files) or ShipRecord(url=url, store_id=str(sid))
     gen, m = _owner(client, store, sid, rec, generation)
+    if rec.cut_at and gen == rec.generation:  # a takeover's cut, not published yet
+        apply_cut(store, client, sid, gen, files)
+        gen, m = _owner(client, store, sid, rec := load_record(store, files) or rec, generation)
     keys = StoreKeys(sid)
     up = _Uploader(client, keys, gen, m)
     identity = files.read(store / IDENTITY)
@@ -330,9 +332,7 @@ def ship(
         )  # fmt: skip
 
     update_record(store, record, files)
-    kept = None
-    if retain is not None or retain_for is not None:
-        kept = apply_remote_retention(client, sid, gen, retain=retain or 1, retain_for=retain_for)
+    kept = retain_after_ship(client, sid, gen, retain, retain_for)
     out = ShipResult(
         store, sid, gen, tuple(up.uploaded), tuple(up.adopted), up.bytes, result.last_epoch,
         tuple(damaged), kept, time.perf_counter() - started, tuple(new),
@@ -394,7 +394,7 @@ def _discard(client: RemoteClient, keys: list[str]) -> None:
     for key in keys:
         try:
             client.delete(key)
-        except RemoteError as exc:
+        except RemoteError as exc:  # left: garbage no manifest lists
             log.warning("event=fenced_upload_left key=%s reason=%r", key, str(exc))
     if keys:
         log.warning("event=fenced_uploads_removed count=%d", len(keys))
