@@ -63,6 +63,13 @@ class Sizes:
     """Checkpoints of 10,000 updates the changes-feed probe reads back."""
     standby_seconds: float
     """Seconds of sustained commits the standby-lag probe samples (at ``standby_keys[0]``)."""
+    pit_keys: int
+    """State size of the point-in-time suite (``bench_point_in_time.py``)."""
+    pit_checkpoints: int
+    """1%-dirty checkpoints of the retained history its views open."""
+    pit_window: tuple[float, float, float]
+    """(seconds of sustained commits, retention window, the daemon's ``--interval``) of its
+    window runs."""
     sustained: tuple[tuple[int, float, int | None], ...]
     """(keys, seconds, the writer's overlay bound in MiB or None) of the sustained-load
     suite (``bench_sustained.py``)."""
@@ -82,6 +89,7 @@ SIZES = {
         daemon_keys=300, daemon_checkpoints=3, remote_keys=2000, remote_seconds=1.0,
         build_keys=(2_000,), pass_keys=(2_000,), pass_tail=100, standby_keys=(2_000,),
         changes_commits=3, standby_seconds=2.0,
+        pit_keys=2_000, pit_checkpoints=20, pit_window=(4.0, 1.0, 0.5),
         sustained=((2_000, 1.0, None), (2_000, 1.0, 16)),
     ),
     "quick": Sizes(
@@ -93,6 +101,7 @@ SIZES = {
         daemon_checkpoints=40, remote_keys=100_000, remote_seconds=5.0,
         build_keys=(100_000, 1_000_000), pass_keys=(100_000, 1_000_000), pass_tail=10_000,
         standby_keys=(100_000,), changes_commits=50, standby_seconds=8.0,
+        pit_keys=100_000, pit_checkpoints=60, pit_window=(40.0, 15.0, 1.0),
         sustained=((100_000, 20.0, None), (100_000, 20.0, 32)),
     ),
     "full": Sizes(
@@ -106,6 +115,7 @@ SIZES = {
         remote_keys=1_000_000, remote_seconds=10.0, build_keys=(1_000_000, 10_000_000),
         pass_keys=(1_000_000, 10_000_000), pass_tail=100_000,
         standby_keys=(1_000_000, 10_000_000), changes_commits=200, standby_seconds=60.0,
+        pit_keys=1_000_000, pit_checkpoints=100, pit_window=(180.0, 60.0, 1.0),
         sustained=(
             (1_000_000, 120.0, None), (1_000_000, 120.0, 32), (10_000_000, 600.0, 24)
         ),

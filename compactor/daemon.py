@@ -54,6 +54,7 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 from prometheus_client import start_http_server
@@ -231,9 +232,9 @@ def _run(
         kv(
             event="started", pid=os.getpid(), stores=len(stores), interval=args.interval,
             min_tail_bytes=args.min_tail_bytes, min_tail_records=args.min_tail_records,
-            retain=args.retain, retain_for=args.retain_for, max_chain=args.max_chain,
+            retain=args.retain, retain_for=_seconds(args.retain_for), max_chain=args.max_chain,
             full_ratio=args.full_ratio, once=args.once, remote=args.remote,
-            remote_retain=args.remote_retain, remote_retain_for=args.remote_retain_for,
+            remote_retain=args.remote_retain, remote_retain_for=_seconds(args.remote_retain_for),
         ),
     )  # fmt: skip
     first = True
@@ -325,6 +326,11 @@ def _acquire(
         return EXIT_FAILED
     log.info("%s", kv(event="locked_store", store=store, lock=locks[store].path.name))
     return EXIT_OK
+
+
+def _seconds(window: timedelta | None) -> str | None:
+    """A retention window as the ``started`` line shows it: ``1800s`` (None: off, ``-``)."""
+    return None if window is None else f"{window.total_seconds():g}s"
 
 
 def _pass(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 
 from statelog.cli.output import add_chain_options, duration_arg
@@ -81,6 +82,24 @@ def _bounded(low: float, kind: type[int] | type[float]) -> Callable[[str], int |
     return parse
 
 
+def _duration(text: str) -> timedelta:
+    """A retention window: ``90s``, ``30m``, ``1h``, ``7d`` or seconds, at least 1 ms
+    (the unit commit times are kept in) and at most what a ``timedelta`` holds.
+
+    :raises argparse.ArgumentTypeError: anything else (argparse: usage, exit 2).
+    """
+    try:
+        window = duration_arg(text)
+    except OverflowError:
+        window = timedelta.max
+    if window == timedelta.max or window < timedelta(milliseconds=1):
+        raise argparse.ArgumentTypeError(
+            f"not a usable duration: {text!r} (at least 1 ms and at most 999999999 days: "
+            "90s, 30m, 1h, 7d, or seconds)"
+        )
+    return window
+
+
 def _port(text: str) -> int:
     try:
         port = int(text)
@@ -129,12 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--retain-for",
-        type=duration_arg,
+        type=_duration,
         default=None,
         metavar="DURATION",
-        help="also keep every epoch committed within this window restorable (90s, 30m, 1h, "
-        "7d, or seconds): the newest snapshot at or before its start, the snapshots after "
-        "it and the log from it (default: by count only)",
+        help="also keep every epoch committed in the last DURATION restorable (90s, 30m, 1h, "
+        "7d, or seconds): the newest snapshot at or before now-DURATION, every snapshot "
+        "after it and the log from it; with --retain, whichever keeps more (default: by "
+        "count only). Local only: --remote-retain-for is the remote's",
     )
     p.add_argument("--level", type=_bounded(1, int), default=3, help="zstd level, 1-22 (3)")
     add_chain_options(p)
@@ -212,9 +232,11 @@ def _add_remote_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--remote-retain-for",
-        type=duration_arg,
+        type=_duration,
         default=None,
         metavar="DURATION",
-        help="with --remote: also keep every epoch of this window restorable from the remote "
-        "(as --retain-for; default: off)",
+        help="with --remote: keep every epoch committed in the last DURATION restorable from "
+        "the remote, as --retain-for does locally; with --remote-retain, whichever keeps "
+        "more; alone, it turns remote retention on (the window, and at least the newest "
+        "snapshot) (default: off)",
     )

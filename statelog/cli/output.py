@@ -109,11 +109,13 @@ _UNITS_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 def duration_arg(text: str) -> timedelta:
     """An argparse type: a positive duration, ``90s``, ``30m``, ``1h``, ``7d`` or seconds."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
-    if m is None or float(m.group(1)) <= 0:
+    seconds = float(m.group(1)) * _UNITS_S[m.group(2)] if m is not None else 0.0
+    if not 0.001 <= seconds <= timedelta.max.total_seconds() / 2:
         raise argparse.ArgumentTypeError(
-            f"not a duration: {text!r} (a positive number with s, m, h or d: 90s, 30m, 1h, 7d)"
+            f"not a duration: {text!r} (a positive number with s, m, h or d, at least 1 ms: "
+            "90s, 30m, 1h, 7d)"
         )
-    return timedelta(seconds=float(m.group(1)) * _UNITS_S[m.group(2)])
+    return timedelta(seconds=seconds)
 
 
 def max_chain_arg(text: str) -> int:
