@@ -130,6 +130,16 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return now
 
 
+def timed_history(root: Path, clock: list[int], *, every: int, retain: int) -> None:
+    """Commits 1..180 of STREAM, commit ``i`` at ``T0 + i`` seconds, a pass every ``every``."""
+    with statelog.open(root, **SMALL) as w:
+        for i in range(1, 181):
+            clock[0] = T0 + i * 1000
+            run_commit(w, STREAM.commit(i))
+            if i % every == 0:
+                compact(root, min_tail_bytes=0, retain=retain)
+
+
 def at_ms(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)
 
@@ -210,12 +220,7 @@ def test_views_while_a_writer_commits_and_retention_deletes(tmp_path: Path) -> N
 
 def test_restore_a_directory_to_an_epoch_and_a_time(tmp_path: Path, clock: list[int]) -> None:
     root = tmp_path / "s"
-    with statelog.open(root, **SMALL) as w:
-        for i in range(1, 181):
-            clock[0] = T0 + i * 1000
-            run_commit(w, STREAM.commit(i))
-            if i % 60 == 0:
-                compact(root, min_tail_bytes=0, retain=5)
+    timed_history(root, clock, every=60, retain=5)
     before = tree(root)
     assert cli_main(["restore", str(root), str(tmp_path / "a"), "--epoch", "97"]) == 0
     at = at_ms(T0 + 140_500).isoformat()
@@ -300,12 +305,7 @@ def test_a_remote_point_in_time_restore_after_local_loss(
     from statelog.remote import ship
 
     root = tmp_path / "s"
-    with statelog.open(root, **SMALL) as w:
-        for i in range(1, 181):
-            clock[0] = T0 + i * 1000
-            run_commit(w, STREAM.commit(i))
-            if i % 50 == 0:
-                compact(root, min_tail_bytes=0, retain=4)
+    timed_history(root, clock, every=50, retain=4)
     ship(root, env.url)
     subprocess.run(["rm", "-rf", str(root)], check=True)  # the host is lost
     cases = {"e120": ["--epoch", "120"], "e100": ["--epoch", "100"], "e60": ["--epoch", "60"]}

@@ -58,8 +58,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-import msgspec
-
 from statelog.compaction.logfmt import LOGGER, kv
 from statelog.compaction.tail import SegmentInfo, find_link, list_segment_infos, peek_seal
 from statelog.compaction.window import check_window, cutoff_ms, meta_time, peek_time, window_count
@@ -67,15 +65,12 @@ from statelog.errors import CorruptionError, FormatVersionError, InvalidOptionEr
 from statelog.events import emit
 from statelog.format.snapshot import (
     FOOTER_SIZE,
-    HEADER_SIZE,
-    SnapshotHeader,
-    decode_meta,
-    peek_meta_len,
 )
 from statelog.storage.fileio import FileLayer
 from statelog.storage.image_cache import reusable_image
 from statelog.storage.layout import BASE_DIR, SNAPSHOT_DIR, WAL_DIR
 from statelog.storage.pins import ALL, Note, log_notes, pinned_names, retention_guard
+from statelog.storage.snapshot_read import peek_meta
 from statelog.storage.snapshots import SnapshotMeta, list_snapshots, verify_snapshot
 
 __all__ = ["RetentionResult", "apply_retention", "mark_verified"]
@@ -317,19 +312,10 @@ def _chain_names(
 
 
 def _parent_of(path: Path) -> str | None:
-    """The parent a delta snapshot names, read from its header and meta unverified
-    (None: a full snapshot, or unreadable; retention's plan only)."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(HEADER_SIZE)
-            meta_len = peek_meta_len(head)
-            if meta_len is None or meta_len > 1 << 20:
-                return None
-            version = SnapshotHeader.peek_version(head) or 0
-            doc = decode_meta(fh.read(meta_len), version)
-    except (OSError, KeyError, msgspec.DecodeError, RecursionError):
-        return None
-    return doc.delta.parent if doc.delta is not None else None
+    """The parent a delta snapshot names, read from its meta unverified (None: a full
+    snapshot, or unreadable; retention's plan only)."""
+    doc = peek_meta(path)
+    return doc.delta.parent if doc is not None and doc.delta is not None else None
 
 
 def _may_delete(

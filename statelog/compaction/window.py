@@ -22,12 +22,10 @@ from datetime import timedelta
 from pathlib import Path
 
 from statelog.errors import InvalidOptionError
-from statelog.format.snapshot import HEADER_SIZE, SnapshotHeader, decode_meta, peek_meta_len
+from statelog.storage.snapshot_read import peek_meta
 from statelog.storage.snapshots import SnapshotMeta
 
 __all__ = ["check_window", "cutoff_ms", "meta_time", "peek_time", "window_count"]
-
-_MAX_META = 1 << 20
 
 
 def check_window(retain_for: object) -> None:
@@ -57,16 +55,8 @@ def meta_time(meta: SnapshotMeta) -> int:
 def peek_time(path: Path) -> int | None:
     """A snapshot's time read from its meta, unverified (None: unreadable): the cheap
     plan's only."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(HEADER_SIZE)
-            meta_len = peek_meta_len(head)
-            if meta_len is None or meta_len > _MAX_META:
-                return None
-            doc = decode_meta(fh.read(meta_len), SnapshotHeader.peek_version(head) or 0)
-    except (OSError, KeyError, ValueError, TypeError, RecursionError):
-        return None
-    return doc.commit_ms or doc.created_ms
+    doc = peek_meta(path)
+    return None if doc is None else doc.commit_ms or doc.created_ms
 
 
 def window_count(snaps: list[tuple[int, int, Path]], cutoff: int | None) -> int:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from statelog.errors import CorruptionError, InvalidOptionError, NotAStoreError, StorageError
 from statelog.format.records import RecordSchemaError, decode_record
-from statelog.log.reader import scan_segment
+from statelog.log.reader import peek_seal, scan_segment
 from statelog.log.segments import list_segments
 from statelog.recovery.readonly import ReadOnlyRecovery, recover_readonly
 from statelog.recovery.timeline import recover_at
@@ -37,7 +37,7 @@ from statelog.storage.levels import chain_links
 from statelog.storage.pins import PIN_DIR, pin
 from statelog.storage.snapshots import SnapshotMeta, list_snapshots, verify_snapshot
 
-__all__ = ["PointPlan", "plan_point", "restore_point", "write_point"]
+__all__ = ["PointPlan", "plan_point", "record_end", "restore_point", "write_point"]
 
 _CHUNK = 1 << 20
 
@@ -100,23 +100,33 @@ def _meta(files: FileLayer, path: Path, view: ReadOnlyRecovery) -> SnapshotMeta:
     return verify_snapshot(files, path, store_id=view.store_id)
 
 
-def _cut_of(path: Path, epoch: int, files: FileLayer) -> tuple[int | None, int]:
-    """Where the record of ``epoch`` ends in ``path`` and how many bytes follow it (None:
-    nothing but the SEAL of ``epoch`` follows).
-
-    :raises CorruptionError: no verified record of ``epoch`` is in it.
-    """
-    data = files.read(path)
+def record_end(path: Path, data: bytes, epoch: int) -> int | None:
+    """Where the verified record of ``epoch`` ends in the segment ``data`` (None: it holds
+    no verified record of it)."""
     scan = scan_segment(path, data, store_id=None, prev_crc=None, is_last=True)
     for rec in scan.records:
         try:
             if decode_record(rec.payload).epoch == epoch:
-                if scan.sealed_lsn == epoch:
-                    return None, 0
-                return (rec.end, len(data) - rec.end) if len(data) > rec.end else (None, 0)
+                return rec.end
         except RecordSchemaError:
-            break
-    raise CorruptionError(path, 0, f"no verified record of epoch {epoch} in it any more")
+            return None
+    return None
+
+
+def _cut_of(path: Path, epoch: int, files: FileLayer) -> tuple[int | None, int]:
+    """Where the record of ``epoch`` ends in ``path`` and how many bytes follow it (None:
+    nothing but the SEAL of ``epoch``, or nothing at all, follows).
+
+    :raises CorruptionError: no verified record of ``epoch`` is in it.
+    """
+    data = files.read(path)
+    end = record_end(path, data, epoch)
+    if end is None:
+        raise CorruptionError(path, 0, f"no verified record of epoch {epoch} in it any more")
+    seal = peek_seal(path, len(data))
+    if (seal is not None and seal[0] == epoch) or len(data) <= end:
+        return None, 0  # the segment ends at the epoch (its SEAL, if any, names it)
+    return end, len(data) - end
 
 
 def _last_epoch(segs: list[tuple[int, int, Path]], files: FileLayer) -> int:

@@ -20,7 +20,6 @@ open does. An epoch it cannot rebuild raises
 
 from __future__ import annotations
 
-import contextlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -30,7 +29,6 @@ from statelog.errors import (
     ResnapshotRequired,
 )
 from statelog.format.records import RecordSchemaError, decode_record
-from statelog.format.snapshot import HEADER_SIZE, SnapshotHeader, decode_meta, peek_meta_len
 from statelog.log.reader import StopKind, scan_segment
 from statelog.log.segments import list_segments
 from statelog.recovery.intent import checked_rewind
@@ -38,11 +36,11 @@ from statelog.recovery.readonly import ReadOnlyRecovery, recover_readonly
 from statelog.recovery.report import Outcome
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
+from statelog.storage.snapshot_read import peek_meta
 from statelog.storage.snapshots import list_snapshots
 
 __all__ = ["epoch_at", "oldest_restorable", "recover_at", "snapshot_commit_ms", "to_ms"]
 
-_MAX_META = 1 << 20  # a snapshot's meta is a few hundred bytes; more is not ours
 _MS = 1000
 _UNIX = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -67,15 +65,8 @@ def to_ms(when: datetime) -> int:
 def snapshot_commit_ms(path: Path) -> int:
     """The commit time a snapshot's meta names (0: none, or not a readable snapshot), read
     bounded and unverified: a hint for choosing where to start, never a state."""
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        with open(path, "rb") as fh:
-            head = fh.read(HEADER_SIZE)
-            meta_len = peek_meta_len(head)
-            if meta_len is None or meta_len > _MAX_META:
-                return 0
-            doc = decode_meta(fh.read(meta_len), SnapshotHeader.unpack(head).version)
-        return int(doc.commit_ms)
-    return 0
+    doc = peek_meta(path)
+    return 0 if doc is None else int(doc.commit_ms)
 
 
 def _snapshot_times(root: Path) -> list[tuple[int, int]]:

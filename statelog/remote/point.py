@@ -22,6 +22,7 @@ import msgspec
 from statelog.errors import EpochUnavailableError, InvalidOptionError
 from statelog.format.records import decode_record
 from statelog.log.reader import scan_segment
+from statelog.recovery.point import record_end
 from statelog.recovery.timeline import snapshot_commit_ms, to_ms
 from statelog.remote.client import RemoteClient
 from statelog.remote.manifest import Entry, Manifest, commit
@@ -39,8 +40,10 @@ class Point:
 
     epoch: int | None = None
     until_ms: int | None = None
-    found: int | None = None
-    """By time: the epoch the log showed to be the last at or before it."""
+    before: int = 0
+    """By time: the last epoch the fetched log showed committed at or before it."""
+    passed: bool = False
+    """By time: a fetched record was committed after it (no later segment is needed)."""
 
     @classmethod
     def of(cls, upto: int | datetime | None) -> Point:
@@ -73,17 +76,21 @@ class Point:
         """Whether segment ``e`` (after ``epoch``) is still needed."""
         if self.epoch is not None:
             return e.first_lsn <= self.epoch
-        return self.found is None
+        return not self.passed
 
     def seen(self, st: Staging, e: Entry) -> None:
-        """By time: note whether the fetched segment ``e`` holds a record after the time
-        (no later segment is then fetched)."""
-        if self.until_ms is None or self.found is not None:
+        """By time: read the fetched segment ``e`` (the next one of the plan) up to its first
+        record committed after the time; no later segment is fetched once there is one."""
+        if self.until_ms is None or self.passed:
             return
         path = st.path_of(e)
         scan = scan_segment(path, path.read_bytes(), store_id=None, prev_crc=None, is_last=True)
-        if any(decode_record(r.payload).commit_ms > self.until_ms for r in scan.records):
-            self.found = e.last_lsn
+        for r in scan.records:
+            rec = decode_record(r.payload)
+            if rec.commit_ms > self.until_ms:
+                self.passed = True
+                return
+            self.before = rec.epoch
 
     def cut(self, st: Staging, restored: list[Entry], epoch: int, shipped: int) -> int:
         """Cut the staged segment holding the point after its record, and drop it from
@@ -93,7 +100,7 @@ class Point:
         """
         target = self.epoch
         if self.until_ms is not None:
-            target = self._by_time(st, restored, epoch)
+            target = self._drop_after(st, restored, self._by_time(restored, epoch))
         assert target is not None
         if epoch < target:
             why = "damage in the remote log stops the restore at" if epoch < shipped else "it holds"
@@ -105,27 +112,21 @@ class Point:
         if last is None or last.last_lsn <= target:
             return target
         path = st.path_of(last)
-        scan = scan_segment(path, path.read_bytes(), store_id=None, prev_crc=None, is_last=True)
-        end = next(r.end for r in scan.records if decode_record(r.payload).epoch == target)
+        end = record_end(path, path.read_bytes(), target)
+        if end is None:  # the staged segment was verified whole: a bug, not the remote's
+            raise EpochUnavailableError(
+                f"epoch {target} is not in {last.name} as staged",
+                epoch=target, oldest=None, newest=epoch,
+            )  # fmt: skip
         st.files.truncate(path, end)
         restored.pop()
         return target
 
-    def _by_time(self, st: Staging, restored: list[Entry], epoch: int) -> int:
-        """The last epoch committed at or before the time in the fetched log (segments
-        wholly after it are dropped from ``restored`` and the staging copy)."""
-        assert self.until_ms is not None
+    def _by_time(self, restored: list[Entry], epoch: int) -> int:
+        """The last epoch committed at or before the time, as :meth:`seen` read the log
+        (the plan's snapshot when no record after it was)."""
         start = next((e.last_lsn for e in reversed(restored) if e.kind == "snapshot"), 0)
-        found = start
-        for e in [e for e in restored if e.kind == "wal" and e.first_lsn > start]:
-            path = st.path_of(e)
-            scan = scan_segment(path, path.read_bytes(), store_id=None, prev_crc=None, is_last=True)
-            for r in scan.records:
-                rec = decode_record(r.payload)
-                if rec.commit_ms > self.until_ms:
-                    return self._drop_after(st, restored, found)
-                found = rec.epoch
-        return min(found, epoch)
+        return min(max(self.before, start), epoch)
 
     @staticmethod
     def _drop_after(st: Staging, restored: list[Entry], found: int) -> int:

@@ -35,6 +35,7 @@ from statelog.format.snapshot import (
     SnapshotHeader,
     decode_meta,
     parse_snapshot_name,
+    peek_meta_len,
     unpack_footer,
 )
 from statelog.format.stream import StreamError
@@ -47,7 +48,7 @@ from statelog.storage.snapshot_body import (
     body_limit,
 )
 
-__all__ = ["HINT", "SnapshotMeta", "open_read", "read_snapshot"]
+__all__ = ["HINT", "SnapshotMeta", "open_read", "peek_meta", "read_snapshot"]
 
 _CHUNK = 1 << 20
 HINT = (
@@ -88,6 +89,24 @@ class SnapshotMeta:
     def depth(self) -> int:
         """Deltas from the chain's full snapshot to this one (0: a full snapshot)."""
         return 0 if self.delta is None else self.delta.depth
+
+
+_MAX_PEEKED_META = 1 << 20  # a meta is a few hundred bytes; more is not a snapshot of ours
+
+
+def peek_meta(path: Path) -> MetaDoc | None:
+    """The meta section of the snapshot at ``path``, read bounded and *unverified* (None:
+    not readable as one): for plans and hints only (retention's cheap plan, a time to
+    start from), never for a state, which :func:`read_snapshot` verifies whole."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(HEADER_SIZE)
+            meta_len = peek_meta_len(head)
+            if meta_len is None or meta_len > _MAX_PEEKED_META:
+                return None
+            return decode_meta(fh.read(meta_len), SnapshotHeader.peek_version(head) or 0)
+    except (OSError, KeyError, ValueError, TypeError, RecursionError):  # DecodeError too
+        return None
 
 
 def open_read(path: Path) -> IO[bytes]:
