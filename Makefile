@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo crash-demo failover-demo test lint typecheck unit stress bench bench-quick clean
+.PHONY: demo crash-demo failover-demo broker test lint typecheck unit stress bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ crash-demo: $(STAMP)
 
 failover-demo: $(STAMP)
 	$(PY) examples/failover_demo.py
+
+# A local Kafka-protocol broker on 127.0.0.1:9092 for the Quix Streams and Faust examples.
+broker: $(STAMP)
+	$(PY) -m tests.broker --port 9092
 
 test: $(STAMP) lint typecheck unit
 

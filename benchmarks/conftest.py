@@ -70,6 +70,10 @@ class Sizes:
     pit_window: tuple[float, float, float]
     """(seconds of sustained commits, retention window, the daemon's ``--interval``) of its
     window runs."""
+    engine_events: int
+    """Events through the stream processors' stateful pipeline (``bench_engines.py``)."""
+    engine_entities: int
+    """Distinct keys (entities) among them: the state's size."""
     sustained: tuple[tuple[int, float, int | None], ...]
     """(keys, seconds, the writer's overlay bound in MiB or None) of the sustained-load
     suite (``bench_sustained.py``)."""
@@ -90,6 +94,7 @@ SIZES = {
         build_keys=(2_000,), pass_keys=(2_000,), pass_tail=100, standby_keys=(2_000,),
         changes_commits=3, standby_seconds=2.0,
         pit_keys=2_000, pit_checkpoints=20, pit_window=(4.0, 1.0, 0.5),
+        engine_events=2_000, engine_entities=500,
         sustained=((2_000, 1.0, None), (2_000, 1.0, 16)),
     ),
     "quick": Sizes(
@@ -102,6 +107,7 @@ SIZES = {
         build_keys=(100_000, 1_000_000), pass_keys=(100_000, 1_000_000), pass_tail=10_000,
         standby_keys=(100_000,), changes_commits=50, standby_seconds=8.0,
         pit_keys=100_000, pit_checkpoints=60, pit_window=(40.0, 15.0, 1.0),
+        engine_events=60_000, engine_entities=20_000,
         sustained=((100_000, 20.0, None), (100_000, 20.0, 32)),
     ),
     "full": Sizes(
@@ -116,6 +122,7 @@ SIZES = {
         pass_keys=(1_000_000, 10_000_000), pass_tail=100_000,
         standby_keys=(1_000_000, 10_000_000), changes_commits=200, standby_seconds=60.0,
         pit_keys=1_000_000, pit_checkpoints=100, pit_window=(180.0, 60.0, 1.0),
+        engine_events=300_000, engine_entities=100_000,
         sustained=(
             (1_000_000, 120.0, None), (1_000_000, 120.0, 32), (10_000_000, 600.0, 24)
         ),

@@ -21,6 +21,7 @@ __all__ = [
     "EpochUnavailableError",
     "FencedError",
     "FormatVersionError",
+    "IntegrationError",
     "InvalidCommitError",
     "InvalidOptionError",
     "NotAStoreError",
@@ -305,4 +306,14 @@ class StorePromotedError(StatelogError):
         "open the promoted copy named in this store's PROMOTED file; if this directory is "
         "the one to keep after all, move PROMOTED aside deliberately (the copy's writer "
         "must then stop: two writers would continue the same log)"
+    )
+
+
+class IntegrationError(StatelogError, ValueError):
+    """A stream processor's store could not be set up: an unsupported engine version or option."""
+
+    hint = (
+        "install the engine in the version range of statelog's extra (`pip install "
+        "statelog[quix]` or `statelog[faust]`) and check the store's options; nothing was "
+        "written"
     )

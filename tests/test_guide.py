@@ -223,15 +223,21 @@ def missing_blocks(markdown: str, source: str) -> list[str]:
     return [b for b in python_blocks(markdown) if b not in source]
 
 
+def _sources() -> str:
+    """The example, and the stream-processor examples its last sections quote."""
+    others = [EXAMPLE.with_name(n) for n in ("quix_counts.py", "faust_counts.py")]
+    return "\n".join(p.read_text() for p in (EXAMPLE, *others) if p.exists())
+
+
 def test_every_python_block_of_the_guide_is_an_excerpt_of_the_example() -> None:
-    guide, source = GUIDE.read_text(), EXAMPLE.read_text()
+    guide, source = GUIDE.read_text(), _sources()
     blocks = python_blocks(guide)
     assert len(blocks) >= 8, "the guide shows the reconciler's code"
     assert missing_blocks(guide, source) == []
 
 
 def test_an_edited_block_is_caught() -> None:
-    guide, source = GUIDE.read_text(), EXAMPLE.read_text()
+    guide, source = GUIDE.read_text(), _sources()
     first = python_blocks(guide)[0]
     edited = guide.replace(first, first.replace("(", "( ", 1), 1)
     assert missing_blocks(edited, source) == [first.replace("(", "( ", 1)]

@@ -1,0 +1,64 @@
+"""The stream-processor section of ``docs/benchmarks.md`` (``bench_engines.py``)."""
+
+from __future__ import annotations
+
+from .render_text import Doc, rate, ratio, suite, table
+
+__all__ = ["engines_section"]
+
+_ENGINES = {"quix": "Quix Streams", "faust": "Faust"}
+_RECOVERY = {
+    "statelog": "statelog, its store kept",
+    "rocksdb": "the engine's RocksDB store, kept",
+    "rocksdb-changelog": "the engine's RocksDB store lost: restored from the changelog topic",
+}
+
+
+def engines_section(doc: Doc) -> list[str]:
+    """Events/s of the stateful pipeline and restart time after SIGKILL, per engine and store."""
+    thr = suite(doc, "engine_throughput")
+    rec = suite(doc, "engine_recovery")
+    if not thr and not rec:
+        return []
+    out = ["## Stream processors: statelog as the engine's state store"]
+    out.append(
+        "The tests' stateful pipeline (per-key counts and a reconciliation buffer keyed by "
+        "entity; three partitions; changelog topics on) against the tests' Tansu broker on "
+        "loopback, on statelog (`statelog.integrations.quix.Application`, default options: "
+        '`durability="commit"`, one fsync per checkpoint, and a compactor process) and on '
+        "the engine's own RocksDB store, side by side in one run. Events/s counts from the "
+        "first to the last processed message of a run over all the events (the group join "
+        "excluded), best of two alternating runs per store. Every producer sends one record "
+        "per batch (the test broker's high watermark counts batches, and the changelog "
+        "recovery trusts it), which limits both stores alike."
+    )
+    rows = []
+    for r in thr:
+        eps = r["events_per_s"]
+        rows.append(
+            f"{_ENGINES[r['engine']]} | {r['events']:,} | {r['entities']:,} | "
+            f"{rate(eps['statelog'])} | {rate(eps['rocksdb'])} | "
+            f"{ratio(eps['rocksdb'], eps['statelog']):.2f}x"
+        )
+    if rows:
+        head = "engine | events | entities | statelog events/s | RocksDB events/s | "
+        head += "RocksDB / statelog"
+        out.append(table(head, rows, "lrrrrr"))
+    rows = [
+        f"{_ENGINES[r['engine']]} | {_RECOVERY.get(r['store'], r['store'])} | "
+        f"{r['events']:,} | {r['seconds']:.2f} | {r['after_assign']:.2f}"
+        for r in sorted(rec, key=lambda r: (r["engine"], list(_RECOVERY).index(r["store"])))
+    ]
+    if rows:
+        out.append(
+            "After a SIGKILL: the application processed every event, was killed, one more "
+            "event arrived, and it was restarted once the broker had dropped the killed "
+            "member. *Restart to first event* runs from the restarted process's imports done "
+            "to its first processed message, the group join included; *after assignment* "
+            "from the partitions' assignment (where the engine checks and replays its "
+            "changelog) to it."
+        )
+        head = "engine | restart with | events before | restart to first event s | "
+        head += "after assignment s"
+        out.append(table(head, rows, "llrrr"))
+    return out
