@@ -37,21 +37,25 @@ def broker() -> Iterator[Broker]:
     b.stop()
 
 
-def test_quix_throughput(benchmark: Any, sizes: Sizes, broker: Broker, tmp_path: Path) -> None:
+@pytest.mark.parametrize("changelog", [True, False], ids=["changelog", "no-changelog"])
+def test_quix_throughput(
+    benchmark: Any, sizes: Sizes, broker: Broker, tmp_path: Path, changelog: bool
+) -> None:
     runs: dict[str, list[float]] = {s: [] for s in STORES}
+    args = () if changelog else ("--no-changelog",)
 
     def measure() -> None:
         for _round in range(2):
             for store in STORES:
                 p = Pipeline(broker, tmp_path / f"r{_round}", store, sizes.engine_events,
                              sizes.engine_entities)  # fmt: skip
-                doc = p.throughput()
+                doc = p.throughput(*args)
                 runs[store].append(doc["events"] / max(doc["seconds"], 1e-9))
 
     benchmark.pedantic(measure, rounds=1, iterations=1)
     best = {s: max(v) for s, v in runs.items()}  # best of two: the machine is shared
     benchmark.extra_info.update(
-        suite="engine_throughput", engine="quix", events=sizes.engine_events,
+        suite="engine_throughput", engine="quix", changelog=changelog, events=sizes.engine_events,
         entities=sizes.engine_entities, runs=runs, events_per_s=best,
     )  # fmt: skip
 

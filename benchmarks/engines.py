@@ -49,9 +49,9 @@ class Pipeline:
         doc: dict[str, Any] = json.loads(out.read_text())
         return doc
 
-    def throughput(self) -> dict[str, Any]:
+    def throughput(self, *args: str) -> dict[str, Any]:
         """Process every event from the start; events/s between the first and the last."""
-        doc = self._report()
+        doc = self._report(*args)
         assert doc["count"] == self.n, doc
         return {"events": doc["count"], "seconds": doc["last"] - doc["first"]}
 
