@@ -69,12 +69,13 @@ from compactor.options import (
     build_parser,
     parse_args,
 )
+from compactor.shipping import STOP_SIGNALS, ship_store, wait_shipping
 from statelog.compaction.fold import compact
 from statelog.compaction.lock import CompactorLock
 from statelog.compaction.logfmt import LOGGER, KeyValueFormatter, kv
 from statelog.errors import CompactorLockedError, FencedError, StatelogError, StoreNotFoundError
 from statelog.ops import metrics
-from statelog.remote import LagCollector, RemoteClient, ship
+from statelog.remote import LagCollector, RemoteClient
 from statelog.sharding.partition import expand_stores
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
@@ -90,8 +91,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(LOGGER)
-
-STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 
 
 def _stopping() -> bool:
@@ -235,6 +234,7 @@ def _run(
             retain=args.retain, retain_for=_seconds(args.retain_for), max_chain=args.max_chain,
             full_ratio=args.full_ratio, once=args.once, remote=args.remote,
             remote_retain=args.remote_retain, remote_retain_for=_seconds(args.remote_retain_for),
+            max_ship_lag=_seconds(args.max_ship_lag) if args.remote else None,
         ),
     )  # fmt: skip
     first = True
@@ -284,7 +284,7 @@ def _run(
             _say_locked(locked, everything=True)
             return EXIT_LOCKED
         first = False
-        if signal.sigtimedwait(STOP_SIGNALS, 0 if folded else args.interval) is not None:
+        if wait_shipping(args, files, locks, client, 0 if folded else args.interval):
             break
     log.info("%s", kv(event="stopped", reason="signal", pid=os.getpid()))
     return EXIT_OK
@@ -349,7 +349,7 @@ def _pass(
     """
     try:
         if client is not None:
-            _ship(store, args, files, client)
+            ship_store(store, args, files, client)
         result = compact(
             store,
             files=files,
@@ -364,7 +364,7 @@ def _pass(
             stop=_stopping,
         )
         if client is not None and not _stopping():
-            _ship(store, args, files, client)
+            ship_store(store, args, files, client)
     except FencedError:
         raise
     except (StatelogError, OSError) as exc:
@@ -374,11 +374,3 @@ def _pass(
         log.error("%s", kv(event="pass_failed", store=store, error=repr(exc)), exc_info=True)
         return None
     return result.snapshot is not None
-
-
-def _ship(store: Path, args: argparse.Namespace, files: FileLayer, client: RemoteClient) -> None:
-    """Ship ``store`` to ``--remote`` (the library logs ``event=shipped``)."""
-    ship(
-        store, args.remote, retain=args.remote_retain, retain_for=args.remote_retain_for,
-        client=client, files=files,
-    )  # fmt: skip

@@ -204,6 +204,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, RemoteCl
         parser.error("--remote-retain needs --remote")
     if args.remote_retain_for is not None and args.remote is None:
         parser.error("--remote-retain-for needs --remote")
+    if args.max_ship_lag < timedelta(milliseconds=10):
+        parser.error(f"--max-ship-lag {args.max_ship_lag}: at least 10 ms")
     client = None
     if args.remote is not None:
         try:
@@ -239,4 +241,14 @@ def _add_remote_options(p: argparse.ArgumentParser) -> None:
         "the remote, as --retain-for does locally; with --remote-retain, whichever keeps "
         "more; alone, it turns remote retention on (the window, and at least the newest "
         "snapshot) (default: off)",
+    )
+    p.add_argument(
+        "--max-ship-lag",
+        type=_duration,
+        default=timedelta(seconds=1),
+        metavar="DURATION",
+        help="with --remote: ship what the writers sealed at least every half of DURATION "
+        "between passes; writers of shipped stores seal their active segment once its "
+        "oldest commit is this old (their max_ship_lag, 1s unless set), so an acknowledged "
+        "commit reaches the bucket within about DURATION (default: 1s)",
     )

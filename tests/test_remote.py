@@ -112,7 +112,9 @@ def test_active_segment_is_never_shipped(tmp_path: Path, remote: Remote) -> None
         res = ship(src, remote.url, client=remote.client())
         assert res.last_epoch == 120
         assert not [k for k in remote.object_keys() if k.endswith(active)]
-        assert lag(src).epochs == 0 and lag(src).bytes == 0
+        # The lag tells the truth: five acknowledged commits are only on this host.
+        now = lag(src)
+        assert now.epochs == 5 and now.bytes > 0 and now.seconds >= 0
     finally:
         st.close()
     assert lag(src).files == 1  # the seal on close made one more segment shippable

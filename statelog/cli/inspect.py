@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import time
 import uuid
@@ -33,7 +34,12 @@ from statelog.cli.output import (
     print_json,
 )
 from statelog.compaction.tail import list_segment_infos, peek_seal
-from statelog.errors import CorruptionError, FormatVersionError, ResnapshotRequired
+from statelog.errors import (
+    CorruptionError,
+    FormatVersionError,
+    ResnapshotRequired,
+    StatelogError,
+)
 from statelog.format.snapshot import (
     HEADER_SIZE,
     IMAGE_VERSION,
@@ -43,6 +49,8 @@ from statelog.format.snapshot import (
 )
 from statelog.ops.verify_chain import broken_chains, chain_members
 from statelog.recovery.ladder import check_link
+from statelog.remote.lag import lag
+from statelog.remote.record import load_record
 from statelog.replica.promoted import read_promoted
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
@@ -142,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
             p.name for p in _listdir(layout.wal) if ".broken" in p.name or ".corrupt" in p.name
         ),
         "promoted": read_promoted(root),
+        "remote": _remote(root),
     }
     if args.json:
         print_json(doc)
@@ -157,6 +166,18 @@ def run(args: argparse.Namespace) -> int:
         for s in snaps
     )
     return EXIT_DAMAGED if damaged or rec["rejected"] else EXIT_OK
+
+
+def _remote(root: Path) -> dict[str, Any] | None:
+    """What the remote copy lacks, for a shipped store (``remote.json``); else None."""
+    try:
+        rec = load_record(root)
+        if rec is None:
+            return None
+        got = lag(root)
+    except (StatelogError, OSError) as exc:
+        return {"error": str(exc)}
+    return {"url": rec.url, "shipped_epoch": rec.last_epoch, **dataclasses.asdict(got)}
 
 
 def _recovered(root: Path) -> tuple[dict[str, Any], Path | None, dict[Path, str]]:
@@ -335,3 +356,12 @@ def _print(doc: dict[str, Any]) -> None:
         print(f"  {g['file']}  first LSN {g['first_lsn']}  {fmt_bytes(g['bytes'])}  {sealed}")
     for e in doc["evidence"]:
         print(f"evidence     wal/{e}")
+    rem = doc["remote"]
+    if rem is not None and "error" in rem:
+        print(f"remote       unreadable: {rem['error']}")
+    elif rem is not None:
+        print(
+            f"remote       {rem['url']} up to epoch {rem['shipped_epoch']}; not shipped: "
+            f"{rem['epochs']} epochs, {fmt_bytes(rem['bytes'])}, oldest "
+            f"{fmt_age(rem['seconds'])}"
+        )

@@ -84,6 +84,9 @@ class WalWriter:
         """Called with (last LSN, seal crc) after each seal: the log's segment boundaries."""
         self.metrics: WalMetrics | None = None
         """Bound by the store: bytes appended and fsync seconds are counted here."""
+        self.unsealed_since: float | None = None
+        """``time.monotonic()`` when the active segment got its first record not yet sealed
+        (None: it holds none): what sealing by age (``max_ship_lag``) measures."""
 
     @property
     def active_path(self) -> Path | None:
@@ -110,14 +113,21 @@ class WalWriter:
         self._file = self._files.open_append(path)
         self.sequence, self.next_lsn, self.last_crc = sequence, first_lsn, prev_crc
         self._roll_pending = False
+        self.unsealed_since = None
         log.info("segment=%s event=segment_created first_lsn=%d", path.name, first_lsn)
         return path
 
-    def adopt(self, path: Path, sequence: int, next_lsn: int, chain: int) -> None:
-        """Continue an existing, verified segment (recovery found it unsealed)."""
+    def adopt(
+        self, path: Path, sequence: int, next_lsn: int, chain: int, *, has_records: bool = False
+    ) -> None:
+        """Continue an existing, verified segment (recovery found it unsealed).
+
+        ``has_records``: it holds records already, which count as unsealed from now.
+        """
         self._file = self._files.open_append(path)
         self.sequence, self.next_lsn, self.last_crc = sequence, next_lsn, chain
         self._roll_pending = False
+        self.unsealed_since = time.monotonic() if has_records else None
 
     def _frames(self, payload: bytes) -> tuple[list[Buffer], int]:
         """Frame ``payload``, fragmenting past ``fragment_bytes``; returns chunks and last crc."""
@@ -169,6 +179,8 @@ class WalWriter:
         self._write(f, chunks, sync=sync, what="append")
         self.last_crc = crc
         self.next_lsn += 1
+        if self.unsealed_since is None:
+            self.unsealed_since = time.monotonic()
 
     def _check_usable(self) -> None:
         if self.poisoned:
@@ -315,6 +327,7 @@ class WalWriter:
         self._write(f, chunks, sync=True, what="seal")
         f.close()
         self._file = None
+        self.unsealed_since = None
         self.last_crc = struct.unpack_from("<I", header)[0]
         if self.on_seal is not None:
             self.on_seal(self.next_lsn - 1, self.last_crc)

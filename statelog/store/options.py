@@ -110,6 +110,11 @@ class StoreOptions:
     ``compactor="none"``; ``docs/remote.md``)."""
     remote_check: timedelta = timedelta(seconds=5)
     """With ``remote``: how often the writer re-checks that its generation owns the store."""
+    max_ship_lag: timedelta | None = None
+    """The longest an acknowledged commit stays in an unsealed segment, which shipping
+    cannot take: the writer seals the active segment once its oldest record is this old.
+    None: 1 s for a shipped store (``remote=``, or a shipping daemon's ``remote.json``
+    found), no bound otherwise (``docs/remote.md``, "A recovery point in seconds")."""
     follow: Path | str | None = None
     """A store directory (on a shared file system) or the ``s3://bucket/prefix`` it ships to,
     to follow: the store at ``path`` is then its standby, a local copy that keeps applying
@@ -140,6 +145,13 @@ class StoreOptions:
         if not isinstance(refresh, timedelta) or refresh <= timedelta(0):
             raise InvalidOptionError(f"base_refresh={refresh!r}", hint="a positive timedelta")
         check_remote_options(self.remote, self.remote_check, self.readonly, self.compactor)
+        lag = self.max_ship_lag
+        if lag is not None and (
+            not isinstance(lag, timedelta) or not _MIN_SHIP_LAG <= lag <= _MAX_SHIP_LAG
+        ):
+            raise InvalidOptionError(
+                f"max_ship_lag={lag!r}", hint="a timedelta from 10 ms to 1 day, or None"
+            )
         check_follow_options(self.follow, self.follow_poll, self.remote, self.compactor)
         check_at_option(self.at, self.readonly, self.follow)
         if self.file_layer is not None and not isinstance(self.file_layer, FileLayer):
@@ -170,6 +182,8 @@ class StoreOptions:
 
 
 _NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(StoreOptions))
+_MIN_SHIP_LAG = timedelta(milliseconds=10)
+_MAX_SHIP_LAG = timedelta(days=1)
 
 
 def _unknown(name: str) -> InvalidOptionError:

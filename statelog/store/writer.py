@@ -34,6 +34,7 @@ from statelog.ops import metrics
 from statelog.ops.metrics import StoreMetrics
 from statelog.state.live import LiveState
 from statelog.storage.lock import StoreLock
+from statelog.store.age_seal import AgeSealer
 from statelog.store.base_watcher import BaseWatcher
 from statelog.store.inproc import InProcessCompactor
 from statelog.store.options import Durability
@@ -62,6 +63,7 @@ class StoreWriter:
         "metrics",
         "overlay",
         "path",
+        "sealer",
         "state",
         "sync_each",
         "synced_epoch",
@@ -103,6 +105,7 @@ class StoreWriter:
         self.overlay: OverlayBound | None = None
         self.fence: FenceWatch | None = None
         self.compactor: InProcessCompactor | None = None
+        self.sealer: AgeSealer | None = None
         self._finished = False
 
     def group_sync(self) -> None:
@@ -181,6 +184,8 @@ class StoreWriter:
             self.watcher.stop()
         if self.fence is not None:
             self.fence.stop()
+        if self.sealer is not None:
+            self.sealer.stop()
 
     def finish(self) -> None:
         """Last step of a close: seal the active segment, then release the writer lock.

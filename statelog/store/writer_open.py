@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from statelog.errors import FencedError, StorageError
+from statelog.format.wal import parse_segment_name
 from statelog.log.writer import FenceWatch, WalWriter
 from statelog.ops import metrics
 from statelog.ops.metrics import StoreMetrics
@@ -62,6 +63,7 @@ from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
 from statelog.storage.lock import StoreLock
+from statelog.store.age_seal import AgeSealer
 from statelog.store.base_watcher import BaseWatcher
 from statelog.store.options import StoreOptions
 from statelog.store.overlay import OverlayBound
@@ -174,11 +176,20 @@ def open_writer(
     if writer.overlay is not None:
         writer.overlay.poke = writer.watcher.poke
     metrics.watch(path)  # the writer's stop() unwatches, also on a failure after this
-    wal = opened.wal
+    _start_log_threads(writer, options)
+    return OpenedWriter(writer, opened.store_id, opened.recovery, opened.generation, restored)
+
+
+def _start_log_threads(writer: StoreWriter, options: StoreOptions) -> None:
+    """The fence watch (with ``remote=``) and the sealer by age, beside the writer."""
+    wal = writer.wal
     if wal.fence_check is not None:
         interval = options.remote_check.total_seconds()
         writer.fence = FenceWatch(wal, wal.fence_check, interval)
-    return OpenedWriter(writer, opened.store_id, opened.recovery, opened.generation, restored)
+    shipped = options.remote is not None
+    writer.sealer = AgeSealer(
+        writer.path, wal, writer.commits, options.max_ship_lag, shipped=shipped
+    )
 
 
 def _lock(path: Path) -> StoreLock:
@@ -274,7 +285,9 @@ def open_log(
             wal.start_segment(end.sequence + 1, epoch + 1, end.chain)
         else:
             # Verified (and cut back past any torn tail) by recovery: append to it.
-            wal.adopt(end.unsealed, end.sequence, epoch + 1, end.chain)
+            named = parse_segment_name(end.unsealed)
+            has_records = named is not None and named[1] <= epoch
+            wal.adopt(end.unsealed, end.sequence, epoch + 1, end.chain, has_records=has_records)
             # After corruption the log goes on in a new segment; and a
             # header names one writer generation, so a new one rolls too.
             if end.fresh or end.last_generation != wal.generation:
