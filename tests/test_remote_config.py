@@ -23,7 +23,8 @@ GOOD = {
 @pytest.mark.parametrize(
     ("url", "env", "why"),
     [
-        ("file:///tmp/x", GOOD, "file://"),
+        ("file://host/tmp/x", GOOD, "file:///absolute"),
+        ("file:///tmp/../x", GOOD, "path"),
         ("gs://bucket/p", GOOD, "s3://"),
         ("s3://Bad_Bucket/p", GOOD, "bucket"),
         ("s3://bucket/a//b", GOOD, "prefix"),

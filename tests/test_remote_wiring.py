@@ -143,7 +143,7 @@ def test_daemon_serves_the_lag_gauges_with_remote(tmp_path: Path, env: Remote) -
 
 @pytest.mark.parametrize(
     "argv",
-    [["--remote", "file:///tmp/x"], ["--remote", "s3://Bad_Bucket/x"], ["--remote-retain", "2"]],
+    [["--remote", "file://host/x"], ["--remote", "s3://Bad_Bucket/x"], ["--remote-retain", "2"]],
 )
 def test_daemon_bad_remote_options_exit_2_before_touching_a_store(
     tmp_path: Path, env: Remote, argv: list[str]
@@ -227,7 +227,7 @@ def test_cli_restore_refuses_a_non_empty_dir_and_a_bad_url(tmp_path: Path, env: 
     (busy / "keep").write_text("x")
     assert cli("restore", env.url, busy) == 3
     assert [p.name for p in busy.iterdir()] == ["keep"]
-    assert cli("restore", "file:///tmp/x", tmp_path / "new") == 3
+    assert cli("restore", "file://host/x", tmp_path / "new") == 3
     assert not (tmp_path / "new").exists()
 
 
@@ -375,7 +375,7 @@ def test_store_detached_from_its_remote_still_opens(tmp_path: Path, env: Remote)
         ({"compactor": "thread"}, InvalidOptionError),
         ({"remote_check": timedelta(0)}, InvalidOptionError),
         ({"remote": 7}, InvalidOptionError),
-        ({"remote": "file:///tmp/x"}, RemoteConfigError),
+        ({"remote": "file://host/x"}, RemoteConfigError),
     ],
 )
 def test_bad_remote_options_are_refused_before_anything_is_created(

@@ -10,6 +10,7 @@ See ``docs/remote.md``. The entry points::
 
 from statelog.remote.attach import acquire, check, claim, restore_if_empty, take_over
 from statelog.remote.client import RemoteClient, RetryPolicy
+from statelog.remote.directory import DirectoryClient
 from statelog.remote.errors import (
     ConditionFailedError,
     ObjectExistsError,
@@ -28,6 +29,7 @@ from statelog.remote.url import RemoteConfig, parse_remote_url
 
 __all__ = [
     "ConditionFailedError",
+    "DirectoryClient",
     "Lag",
     "LagCollector",
     "Manifest",

@@ -53,7 +53,16 @@ from statelog.remote.url import RemoteConfig, parse_remote_url
 if TYPE_CHECKING:
     from obstore import Attributes, GetOptions
 
-__all__ = ["GET_LIMIT", "SHA256_ATTR", "Fetched", "RemoteClient", "RetryPolicy", "is_transient"]
+__all__ = [
+    "GET_LIMIT",
+    "SHA256_ATTR",
+    "DirectoryFactory",
+    "Fetched",
+    "RemoteClient",
+    "RetryPolicy",
+    "is_transient",
+    "use_directory_client",
+]
 
 log = logging.getLogger("statelog.remote")
 
@@ -126,6 +135,17 @@ class Fetched:
     attributes: dict[str, str]
 
 
+DirectoryFactory = Callable[[str, str, "RetryPolicy | None", "bytes | None"], "RemoteClient"]
+_directory_client: DirectoryFactory | None = None
+
+
+def use_directory_client(factory: DirectoryFactory) -> None:
+    """Register the client of ``file://`` URLs (:mod:`statelog.remote.directory` does, when
+    the package is imported): ``factory(path, url, retry, key)``."""
+    global _directory_client
+    _directory_client = factory
+
+
 class RemoteClient:
     """Synchronous access to one bucket and prefix. Thread-safe (obstore stores are).
 
@@ -166,6 +186,10 @@ class RemoteClient:
         """
         cfg = parse_remote_url(url, env)
         key = key_from_env(os.environ if env is None else env)
+        if cfg.directory is not None:
+            if _directory_client is None:
+                raise RemoteConfigError(f"{url}: no client for file:// URLs is registered")
+            return _directory_client(cfg.directory, url, retry, key)
         return cls(_s3_store(cfg, timeout), where=url, retry=retry, key=key)
 
     # -- the retry loop ---------------------------------------------------

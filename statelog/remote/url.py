@@ -16,9 +16,13 @@ writer's uploads can never take a key its successor needs.
 Connection settings come from the standard environment: ``AWS_ENDPOINT_URL``
 (or ``AWS_ENDPOINT_URL_S3``), ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_SESSION_TOKEN``, ``AWS_REGION`` (else ``AWS_DEFAULT_REGION``) and
-``AWS_ALLOW_HTTP=true`` for a plain-HTTP endpoint. ``file://`` URLs are
-refused: obstore's local-file store has no conditional update, and fencing
-depends on one (``docs/remote.md``).
+``AWS_ALLOW_HTTP=true`` for a plain-HTTP endpoint.
+
+``file:///absolute/path`` names a shared directory instead (an NFS export or
+a mounted volume): the same keys as files under it, written by
+:class:`statelog.remote.directory.DirectoryClient`, whose conditional
+writes rest on an exclusive create and a lock file (``docs/remote.md``,
+"A shared directory").
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ class RemoteConfig:
     access_key_id: str | None = field(default=None, repr=False)
     secret_access_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
+    directory: str | None = None
+    """A ``file://`` URL's absolute path; None for ``s3://``."""
 
 
 def parse_remote_url(url: str, env: Mapping[str, str] | None = None) -> RemoteConfig:
@@ -68,13 +74,9 @@ def parse_remote_url(url: str, env: Mapping[str, str] | None = None) -> RemoteCo
         raise RemoteConfigError(f"remote URL {url!r} is not a string")
     parts = urlsplit(url)
     if parts.scheme == "file":
-        raise RemoteConfigError(
-            f"{url}: file:// is not supported for the remote tier",
-            hint="fencing needs conditional updates (If-Match), which the local-file store lacks;"
-            " run an S3-compatible server (e.g. MinIO) on the host instead",
-        )
+        return _directory_config(url, parts.netloc, parts.path, parts.query or parts.fragment)
     if parts.scheme != "s3" or parts.query or parts.fragment:
-        raise RemoteConfigError(f"{url}: expected s3://bucket[/prefix]")
+        raise RemoteConfigError(f"{url}: expected s3://bucket[/prefix] or file:///path")
     bucket = parts.netloc
     if not _BUCKET.match(bucket):
         raise RemoteConfigError(f"{url}: {bucket!r} is not a valid bucket name")
@@ -111,6 +113,23 @@ def parse_remote_url(url: str, env: Mapping[str, str] | None = None) -> RemoteCo
         secret_access_key=secret,
         session_token=env.get("AWS_SESSION_TOKEN") or None,
     )
+
+
+def _directory_config(url: str, host: str, path: str, extra: str) -> RemoteConfig:
+    """A ``file://`` URL: an absolute, normalised path on this host.
+
+    :raises RemoteConfigError: a host other than ``localhost``, a relative path,
+        a query or fragment, or empty, ``.`` or ``..`` parts.
+    """
+    if host not in ("", "localhost") or extra or not path.startswith("/"):
+        raise RemoteConfigError(f"{url}: expected file:///absolute/path")
+    parts = path.strip("/").split("/")
+    if path.strip("/") and any(p in ("", ".", "..") for p in parts):
+        raise RemoteConfigError(f"{url}: the path {path!r} has empty, '.' or '..' parts")
+    return RemoteConfig(
+        url=url, bucket="", prefix="", endpoint=None, region="", allow_http=False,
+        directory="/" + path.strip("/"),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,150 @@
+"""The remote tier on a shared directory (``file:///path``) instead of a bucket.
+
+| case                                                  | what must hold                          |
+|-------------------------------------------------------|-----------------------------------------|
+| ship, then restore into an empty directory            | the same state, epoch for epoch         |
+| a writer committing every 100 ms, daemon shipping,    | every commit acknowledged 2 s before    |
+| host lost                                             | the loss is restored, state exact       |
+| a takeover, then the old host ships again             | FencedError; nothing of it is written   |
+| create twice; replace with a stale ETag               | ObjectExistsError; ConditionFailedError |
+| a key leaving the root; a symlink planted as a file;  | refused with a typed error, nothing     |
+| an oversized or empty object                          | read outside the directory              |
+| file:// URLs with a host, a relative or `..` path     | RemoteConfigError                       |
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import statelog
+from statelog.errors import FencedError, RemoteError
+from statelog.remote import (
+    ConditionFailedError,
+    DirectoryClient,
+    ObjectExistsError,
+    RemoteClient,
+    RemoteConfigError,
+    RemoteIntegrityError,
+    parse_remote_url,
+    read_manifest,
+    restore,
+    ship,
+)
+from tests.test_remote import commit_range, state_of
+from tests.test_remote_fencing import sid_of
+from tests.test_ship_lag import _acks, _process, _wait, _writer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _url(tmp_path: Path) -> str:
+    return f"file://{tmp_path / 'replica' / 'shard'}"
+
+
+def test_ship_and_restore_through_a_directory(tmp_path: Path) -> None:
+    url, src = _url(tmp_path), tmp_path / "src"
+    commit_range(src, 0, 150)
+    ship(src, url)
+    commit_range(src, 150, 260)
+    res = ship(src, url)
+    assert res.last_epoch == 260
+    got = restore(url, tmp_path / "dst")
+    assert got.epoch == 260
+    assert state_of(tmp_path / "dst") == state_of(src)
+    assert isinstance(RemoteClient.from_url(url), DirectoryClient)
+
+
+def test_host_loss_with_a_directory_replica(tmp_path: Path) -> None:
+    url, store, acks = _url(tmp_path), tmp_path / "store", tmp_path / "acks"
+    daemon = [
+        sys.executable, "-m", "compactor", "--remote", url, "--interval", "1",
+        "--max-ship-lag", "1s", str(store),
+    ]  # fmt: skip
+    with _process(_writer(store, acks, "--every", "0.1")) as writer:
+        _wait("the first commit", lambda: acks.exists() and acks.read_text())
+        with _process(daemon):
+            time.sleep(6.0)
+            lost_at = time.time()
+            writer.send_signal(signal.SIGKILL)
+    acked = _acks(acks)
+    got = restore(url, tmp_path / "restored")
+    with statelog.open(tmp_path / "restored", readonly=True) as st:
+        e = st.epoch
+        assert e == got.epoch
+        assert dict(st.items()) == {f"k{i}": i for i in range(1, e + 1)}
+    before = [ep for ep, when in acked if when <= lost_at - 2.0]
+    assert before and e >= max(before), (e, max(before))
+
+
+def test_a_zombie_on_a_directory_replica_is_fenced(tmp_path: Path) -> None:
+    url, a, b = _url(tmp_path), tmp_path / "a", tmp_path / "b"
+    commit_range(a, 0, 200)
+    ship(a, url)
+    assert restore(url, b, take_over=True).generation == 2
+    client = RemoteClient.from_url(url)
+    before = read_manifest(client, sid_of(a))
+    listed = sorted(client.list_objects(""))
+    commit_range(a, 200, 300)
+    with pytest.raises(FencedError) as err:
+        ship(a, url)
+    assert (err.value.ours, err.value.current) == (1, 2)
+    after = read_manifest(client, sid_of(a))
+    assert before is not None and after is not None and after.etag == before.etag
+    assert sorted(client.list_objects("")) == listed
+    commit_range(b, 200, 260)
+    assert ship(b, url).last_epoch == 260
+
+
+def test_conditional_writes(tmp_path: Path) -> None:
+    c = DirectoryClient(tmp_path, where="file://test")
+    first = c.put_new("s/MANIFEST", b"one")
+    with pytest.raises(ObjectExistsError):
+        c.put_new("s/MANIFEST", b"two")
+    assert c.get("s/MANIFEST").data == b"one"
+    second = c.put_if_match("s/MANIFEST", b"two", first)
+    with pytest.raises(ConditionFailedError):
+        c.put_if_match("s/MANIFEST", b"three", first)  # stale: another writer moved on
+    assert c.get("s/MANIFEST").etag == second
+    assert [k for k, _ in c.list_objects("s/")] == ["s/MANIFEST"]  # no temp or lock files
+    c.delete("s/MANIFEST")
+    c.delete("s/MANIFEST")  # absent: fine
+    assert list(c.list_objects("")) == []
+
+
+@pytest.mark.parametrize("key", ["../escape", "s/../../x", "/abs", "s//x", "s/.hidden", ""])
+def test_a_key_leaving_the_root_is_refused(tmp_path: Path, key: str) -> None:
+    c = DirectoryClient(tmp_path / "root", where="file://test")
+    with pytest.raises(RemoteIntegrityError):
+        c.put_new(key, b"x")
+    assert not (tmp_path / "escape").exists() and not (tmp_path / "x").exists()
+
+
+def test_hostile_files_in_the_directory(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not yours")
+    root = tmp_path / "root"
+    (root / "s").mkdir(parents=True)
+    (root / "s" / "MANIFEST").symlink_to(secret)
+    (root / "s" / "big").write_bytes(b"x" * 100)
+    (root / "s" / "empty").write_bytes(b"")
+    c = DirectoryClient(root, where="file://test")
+    with pytest.raises(RemoteError):
+        c.get("s/MANIFEST")
+    with pytest.raises(RemoteIntegrityError, match="over the limit"):
+        c.get("s/big", limit=10)
+    with pytest.raises(RemoteIntegrityError, match="empty"):
+        c.get("s/empty")
+
+
+@pytest.mark.parametrize(
+    "url", ["file://host/x", "file://relative", "file:///a/../b", "file:///a//b", "file:///a?x=1"]
+)
+def test_bad_directory_urls_are_refused(url: str) -> None:
+    with pytest.raises(RemoteConfigError):
+        parse_remote_url(url)
+    assert parse_remote_url("file:///mnt/replica/x").directory == "/mnt/replica/x"
