@@ -83,7 +83,10 @@ def setup_topics(broker: Broker, prefix: str) -> None:
 def produce(broker: Broker, prefix: str, batch: Iterable[Event]) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    # Idempotent: a retried request neither duplicates nor reorders a key's events.
+    producer = Producer(
+        {"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "enable.idempotence": True}
+    )
     for event in batch:
         producer.produce(prefix + quix_app.IN_TOPIC, key=event["entity"], value=json.dumps(event))
     assert producer.flush(30) == 0

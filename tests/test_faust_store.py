@@ -1,0 +1,174 @@
+"""statelog's Faust store without a broker: the URL, the store's operations, the gate.
+
+| case                                                | what must hold                            |
+|-----------------------------------------------------|-------------------------------------------|
+| `statelog://` URLs: absolute, relative, bare,       | the directory and typed options they name |
+| with options                                        |                                           |
+| an unknown option, a bad value, a repeated option   | IntegrationError naming it, nothing       |
+|                                                     | written                                   |
+| set, get, contains, delete, iterate, size           | as a dict, one commit per write           |
+| the persisted changelog offset                      | kept in the partition's statelog offsets; |
+|                                                     | a lower one is not written                |
+| a changelog batch over two partitions               | one commit per partition, data and the    |
+|                                                     | highest offset together                   |
+| close and reopen                                    | the data and offsets are still there      |
+| a rebalance                                         | revoked partitions closed, assigned ones  |
+|                                                     | opened                                    |
+| reset_state                                         | the table's partition stores removed      |
+| Faust outside the supported range                   | IntegrationError at import                |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+faust = pytest.importorskip("faust")
+
+from faust.types import TP  # noqa: E402
+
+import statelog  # noqa: E402
+from statelog.integrations.faust import TABLE, Store, parse_store_url  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("url", "directory", "durability", "delay_ms", "compactor"),
+    [
+        ("statelog:///srv/t", "/srv/t", "group", 2, "thread"),
+        ("statelog://tables/x", "tables/x", "group", 2, "thread"),
+        ("statelog://", None, "group", 2, "thread"),
+        ("statelog:///t?durability=commit&compactor=none", "/t", "commit", 2, "none"),
+        ("statelog:///t?group_delay=5ms&compactor=process", "/t", "group", 5, "process"),
+        ("statelog:///t?group_delay=0.5", "/t", "group", 0.5, "thread"),
+    ],
+)
+def test_store_urls(
+    url: str, directory: str | None, durability: str, delay_ms: float, compactor: str
+) -> None:
+    got = parse_store_url(url)
+    assert got.directory == (None if directory is None else Path(directory))
+    assert got.options.durability == durability
+    assert got.options.group_delay == timedelta(milliseconds=delay_ms)
+    assert got.options.compactor == compactor
+
+
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("statelog:///t?durabilty=group", "durabilty"),
+        ("statelog:///t?durability=sometimes", "sometimes"),
+        ("statelog:///t?compactor=daemon", "daemon"),
+        ("statelog:///t?group_delay=soon", "soon"),
+        ("statelog:///t?group_delay=0", "group_delay"),
+        ("statelog:///t?durability=group&durability=commit", "twice"),
+        ("rocksdb:///t", "statelog://"),
+    ],
+)
+def test_bad_store_urls_are_refused(url: str, named: str, tmp_path: Path) -> None:
+    with pytest.raises(statelog.IntegrationError, match=named) as err:
+        parse_store_url(url)
+    assert "statelog://" in err.value.hint
+    app = faust.App("bad", broker="kafka://127.0.0.1:1", datadir=str(tmp_path))
+    if url.startswith("statelog"):
+        with pytest.raises(statelog.IntegrationError):
+            _ = app.Table("t", partitions=2, store=url.replace("/t", str(tmp_path / "t"))).data
+    assert not (tmp_path / "t").exists()
+
+
+def _store(tmp_path: Path, **table: Any) -> Store:
+    app = faust.App(
+        "t", broker="kafka://127.0.0.1:1", datadir=str(tmp_path),
+        store=f"statelog://{tmp_path}/tables?durability=commit&compactor=none",
+    )  # fmt: skip
+    data = app.Table("counts", partitions=2, **table).data
+    assert isinstance(data, Store)
+    return data
+
+
+def test_a_table_partition_reads_and_writes(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store._set(b"a", b"1")
+    store._set(b"b", b"2")
+    store._set(b"a", b"3")
+    store._del(b"b")
+    store._del(b"absent")
+    disk = store._store(0)
+    assert disk.epoch == 4  # three writes, one delete of a present key: a commit each
+    assert store._get(b"a") == b"3" and store._get(b"b") is None
+    assert store._contains(b"a") and not store._contains(b"b")
+    assert dict(disk.items(TABLE)) == {b"a": b"3"}
+    assert store.partition_path(0) == tmp_path / "tables" / "counts-0.statelog"
+
+
+def test_the_persisted_offset_lives_with_the_data(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    tp = TP("t-counts-changelog", 1)
+    assert store.persisted_offset(tp) is None
+    store.set_persisted_offset(tp, 41)
+    store.set_persisted_offset(tp, 40)  # lower: kept at 41, not an error
+    assert store.persisted_offset(tp) == 41
+    assert store._store(1).offsets == {"t-counts-changelog-1": 41}
+    store.close_all()
+    again = _store(tmp_path)
+    assert again.persisted_offset(tp) == 41
+
+
+def _event(partition: int, offset: int, key: bytes, value: bytes | None) -> Any:
+    tp = TP("t-counts-changelog", partition)
+    msg = SimpleNamespace(key=key, value=value, partition=partition, offset=offset, tp=tp)
+    return SimpleNamespace(message=msg)
+
+
+def test_a_changelog_batch_is_one_commit_per_partition(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store._store(0)
+    store._store(1)
+    batch = [
+        _event(0, 10, b"x", b"1"), _event(1, 5, b"y", b"2"), _event(0, 11, b"x", b"3"),
+        _event(0, 12, b"z", b"4"), _event(0, 13, b"z", None),
+    ]  # fmt: skip
+    store.apply_changelog_batch(batch, lambda k: k, lambda v: v)
+    p0, p1 = store._store(0), store._store(1)
+    assert (p0.epoch, p1.epoch) == (1, 1)
+    assert dict(p0.items(TABLE)) == {b"x": b"3"} and dict(p1.items(TABLE)) == {b"y": b"2"}
+    assert p0.offsets == {"t-counts-changelog-0": 13}
+    assert p1.offsets == {"t-counts-changelog-1": 5}
+
+
+def test_a_rebalance_closes_revoked_and_opens_assigned(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    topic = store.table.changelog_topic.get_topic_name()
+    store._set(b"k", b"v")
+    first = store._store(0)
+    asyncio.run(store.on_rebalance({TP(topic, 1)}, {TP(topic, 0)}, {TP(topic, 1)}))
+    assert first.closed and set(store._stores) == {1}
+    asyncio.run(store.on_rebalance({TP(topic, 0)}, {TP(topic, 1)}, {TP(topic, 0)}))
+    assert set(store._stores) == {0} and store._get(b"k") == b"v"
+
+
+def test_reset_state_removes_the_tables_stores(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store._set(b"k", b"v")
+    store._store(1)
+    store.reset_state()
+    assert not list((tmp_path / "tables").glob("counts-*.statelog"))
+    assert store._get(b"k") is None
+
+
+@pytest.mark.parametrize("version", ["0.16.0", "0.14.9"])
+def test_faust_outside_the_range_is_refused_at_import(
+    version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(faust, "__version__", version)
+    for name in [m for m in sys.modules if m.startswith("statelog.integrations.faust")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(statelog.IntegrationError, match=version) as err:
+        importlib.import_module("statelog.integrations.faust")
+    assert "statelog[faust]" in err.value.hint
