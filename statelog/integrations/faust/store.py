@@ -11,10 +11,12 @@ are in the statelog table ``faust``; the changelog offset Faust persists
 so it moves with the data, and recovery replays the changelog from it.
 
 Every table write (``table[k] = v``, ``del table[k]``) is one statelog
-commit, since Faust has no transaction boundary of its own; a changelog
-batch (recovery, standbys) is one commit per partition with its highest
-offset. With the default ``durability=group`` a crash of the process loses
-nothing written; a power cut may lose the last ``group_delay`` of writes,
+commit, since Faust has no transaction boundary of its own; the persisted
+offset Faust sets once the write's changelog record is delivered rides on
+the partition's next commit (or is written at close). A changelog batch
+(recovery, standbys) is one commit per partition with its highest offset.
+With the default ``durability=group`` a crash of the process loses nothing
+written; a power cut may lose the last ``group_delay`` of writes,
 which Faust replays from the changelog topic after the persisted offset.
 """
 
@@ -70,6 +72,9 @@ class Store(SerializedStore):  # type: ignore[type-arg]
         self.where: StoreURL = parse_store_url(str(url))  # refused before anything else
         super().__init__(url, app, table, options=options, **kwargs)
         self._stores: dict[int, StateStore] = {}
+        # Persisted offsets not written yet, per partition: each rides on the partition's
+        # next commit (or is written at close), so a table write costs one commit, not two.
+        self._pending: dict[int, dict[str, int]] = {}
 
     # -- where the stores are ----------------------------------------------
     @property
@@ -144,17 +149,19 @@ class Store(SerializedStore):  # type: ignore[type-arg]
             partition = int(event.message.partition) if event is not None else 0
         store = self._store(partition)
         store.commit(
-            offsets={}, low_watermark_ms=store.low_watermark_ms, put={key: value}, table=TABLE
-        )
+            offsets=self._pending.pop(partition, {}), low_watermark_ms=store.low_watermark_ms,
+            put={key: value}, table=TABLE,
+        )  # fmt: skip
 
     def _del(self, key: bytes) -> None:
         partition = self._event_partition()
-        stores = [self._store(partition)] if partition is not None else list(self._stores.values())
-        for store in stores:
+        parts = [partition] if partition is not None else list(self._stores)
+        for p in parts:
+            store = self._store(p)
             if store.get(key, table=TABLE) is not None:
                 store.commit(
-                    offsets={}, low_watermark_ms=store.low_watermark_ms, delete=[key],
-                    table=TABLE,
+                    offsets=self._pending.pop(p, {}), low_watermark_ms=store.low_watermark_ms,
+                    delete=[key], table=TABLE,
                 )  # fmt: skip
 
     def _clear(self) -> None:
@@ -167,17 +174,22 @@ class Store(SerializedStore):  # type: ignore[type-arg]
 
     # -- the changelog offset, in the same store as the data ----------------
     def persisted_offset(self, tp: TP) -> int | None:
-        return self._store(tp.partition).offsets.get(offset_name(tp))
+        name = offset_name(tp)
+        pending = self._pending.get(tp.partition, {}).get(name)
+        return pending if pending is not None else self._store(tp.partition).offsets.get(name)
 
     def set_persisted_offset(self, tp: TP, offset: int) -> None:
-        """Commit the changelog offset the partition's data is current with.
+        """Record the changelog offset the partition's data is current with.
 
+        It is written with the partition's next commit, or when the store is
+        flushed or closed: the data it vouches for was committed before it (a
+        table write precedes its changelog record), and an offset not written
+        yet only makes recovery replay a little more of the changelog.
         statelog's offsets never go backwards: a lower one (a changelog topic
         recreated under the table) is logged and not written.
         """
-        store = self._store(tp.partition)
         name = offset_name(tp)
-        current = store.offsets.get(name)
+        current = self.persisted_offset(tp)
         if current is not None and offset < current:
             log.warning(
                 "event=persisted_offset_kept table=%s changelog=%s kept=%d refused=%d "
@@ -185,7 +197,15 @@ class Store(SerializedStore):  # type: ignore[type-arg]
                 self.table_name, name, current, offset,
             )  # fmt: skip
             return
-        store.commit(offsets={name: offset}, low_watermark_ms=store.low_watermark_ms)
+        self._pending.setdefault(tp.partition, {})[name] = offset
+
+    def flush_offsets(self, partition: int | None = None) -> None:
+        """Write the persisted offsets still pending (of ``partition``, or all), one commit each."""
+        for p in [partition] if partition is not None else list(self._pending):
+            offsets = self._pending.pop(p, None)
+            store = self._stores.get(p)
+            if offsets and store is not None:
+                store.commit(offsets=offsets, low_watermark_ms=store.low_watermark_ms)
 
     def apply_changelog_batch(
         self,
@@ -206,6 +226,8 @@ class Store(SerializedStore):  # type: ignore[type-arg]
         for partition, (changes, offsets) in per.items():
             store = self._store(partition)
             current = store.offsets
+            for name, offset in self._pending.pop(partition, {}).items():
+                offsets[name] = max(offset, offsets.get(name, offset))
             with store.transaction() as tx:
                 for key, value in changes.items():
                     if value is None:
@@ -247,6 +269,8 @@ class Store(SerializedStore):  # type: ignore[type-arg]
                 await asyncio.sleep(1.0)
 
     def _close(self, partition: int) -> None:
+        if partition in self._stores:
+            self.flush_offsets(partition)
         store = self._stores.pop(partition, None)
         if store is not None:
             store.close()
@@ -265,7 +289,9 @@ class Store(SerializedStore):  # type: ignore[type-arg]
     ) -> None:
         """Make the partition's commits durable; statelog's snapshots and remote copy are
         its backups (``statelog-compactor``, ``statelog restore``)."""
-        self._store(tp if isinstance(tp, int) else tp.partition).flush()
+        partition = tp if isinstance(tp, int) else tp.partition
+        self.flush_offsets(partition)
+        self._store(partition).flush()
 
     def restore_backup(self, tp: TP | int, latest: bool = True, backup_id: int = 0) -> None:
         """:raises IntegrationError: always; a partition's store is restored by statelog."""
@@ -277,6 +303,7 @@ class Store(SerializedStore):  # type: ignore[type-arg]
 
     def reset_state(self) -> None:
         """Remove this table's local data (its changelog topic is untouched)."""
+        self._pending.clear()
         self.close_all()
         for path in self.directory.glob(f"{self.table_name}-*.statelog"):
             shutil.rmtree(path, ignore_errors=True)
