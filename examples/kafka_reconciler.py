@@ -547,7 +547,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=500)
     ap.add_argument("--metrics-port", type=int)
     ap.add_argument("--idle-exit", type=int, help="stop after this many empty polls")
+    ap.add_argument(
+        "--consumer-config", action="append", default=[], metavar="KEY=VALUE",
+        help="a further librdkafka consumer setting (repeatable), e.g. session.timeout.ms=6000",
+    )  # fmt: skip
     args = ap.parse_args(argv)
+    for item in args.consumer_config:
+        if "=" not in item:
+            ap.error(f"--consumer-config {item!r}: expected KEY=VALUE")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.metrics_port is not None:
         serve_metrics(args.metrics_port)
@@ -561,7 +568,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def reconcile(args: argparse.Namespace, stop: threading.Event) -> int:
     """Run the reconciler :func:`main` configured until ``stop`` is set (or it idles out)."""
-    consumer = make_consumer(args.bootstrap_servers, args.group)
+    if args.consumer_config:
+        from confluent_kafka import Consumer
+
+        extra = dict(item.split("=", 1) for item in args.consumer_config)
+        config = {**consumer_config(args.bootstrap_servers, args.group), **extra}
+        consumer: ConsumerLike = Consumer(config)
+    else:
+        consumer = make_consumer(args.bootstrap_servers, args.group)
     try:
         with SQLiteSink(args.sink, table="verdicts") as sink:
             if not args.sharded:

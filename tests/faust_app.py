@@ -10,7 +10,8 @@ skipped, so the table's final state is exact whatever the crashes.
 
 Configured by the environment: ``FAUST_APP_BROKER`` (host:port),
 ``FAUST_APP_DIR`` (data directory), ``FAUST_APP_PREFIX`` (topic and app id
-prefix), ``FAUST_APP_STORE`` (``statelog`` or ``rocksdb``), and for the benchmark
+prefix), ``FAUST_APP_STORE`` (``statelog`` or ``rocksdb``),
+``FAUST_APP_STORE_OPTIONS`` (the statelog URL's query), and for the benchmark
 ``FAUST_APP_REPORT``: a JSON file rewritten every 0.2 s with when the worker was
 ready and when it processed its first and last event, and how many.
 """
@@ -34,7 +35,8 @@ CHANGELOG = f"{APP_ID}-{TABLE}-changelog"
 
 _DIR = os.environ.get("FAUST_APP_DIR", "faust-data")
 _STORE = (
-    f"statelog://{os.path.abspath(_DIR)}/tables?durability=group"
+    f"statelog://{os.path.abspath(_DIR)}/tables?"
+    f"{os.environ.get('FAUST_APP_STORE_OPTIONS', 'durability=group')}"
     if os.environ.get("FAUST_APP_STORE", "statelog") == "statelog"
     else "rocksdb://"
 )

@@ -16,6 +16,7 @@
 |                                                     | opened                                    |
 | reset_state                                         | the table's partition stores removed      |
 | Faust outside the supported range                   | IntegrationError at import                |
+| a partition's store                                 | counted by the metrics, audited           |
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ from statelog.integrations.faust import TABLE, Store, parse_store_url  # noqa: E
 @pytest.mark.parametrize(
     ("url", "directory", "durability", "delay_ms", "compactor"),
     [
-        ("statelog:///srv/t", "/srv/t", "group", 2, "thread"),
-        ("statelog://tables/x", "tables/x", "group", 2, "thread"),
-        ("statelog://", None, "group", 2, "thread"),
-        ("statelog:///t?durability=commit&compactor=none", "/t", "commit", 2, "none"),
+        ("statelog:///srv/t", "/srv/t", "group", 10, "thread"),
+        ("statelog://tables/x", "tables/x", "group", 10, "thread"),
+        ("statelog://", None, "group", 10, "thread"),
+        ("statelog:///t?durability=commit&compactor=none", "/t", "commit", 10, "none"),
         ("statelog:///t?group_delay=5ms&compactor=process", "/t", "group", 5, "process"),
         ("statelog:///t?group_delay=0.5", "/t", "group", 0.5, "thread"),
     ],
@@ -177,3 +178,21 @@ def test_faust_outside_the_range_is_refused_at_import(
     with pytest.raises(statelog.IntegrationError, match=version) as err:
         importlib.import_module("statelog.integrations.faust")
     assert "statelog[faust]" in err.value.hint
+
+
+def test_metrics_and_the_audit_trail_see_a_partitions_store(tmp_path: Path) -> None:
+    from statelog.ops import metrics
+    from statelog.ops.audit import AuditTrail
+
+    store = _store(tmp_path)
+    path = store.partition_path(0)
+    store._set(b"k0", b"v")  # opens the store
+    label = {"store": metrics.store_label(path)}
+    before = metrics.REGISTRY.get_sample_value("statelog_commits_total", label) or 0.0
+    for i in range(1, 4):
+        store._set(b"k%d" % i, b"v")
+    assert metrics.REGISTRY.get_sample_value("statelog_commits_total", label) == before + 3
+    store.close_all()
+    trail = AuditTrail(path)
+    assert trail.verify().ok
+    assert "recovery" in {e.kind for e in trail.entries()}
