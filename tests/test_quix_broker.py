@@ -121,8 +121,8 @@ def test_a_crash_between_kafkas_commit_and_statelogs_resumes_from_statelog(
         produce(kafka, prefix, second)
         assert app.wait() == -9, app.errors()  # it killed itself inside the second checkpoint
     # Kafka has the second checkpoint's offsets; statelog, state and offsets, has not.
-    assert kafka_committed(kafka, group, prefix + quix_app.IN_TOPIC) == len(stream)
     assert store_progress(app.store_dir) == len(first)
+    assert kafka_committed(kafka, group, prefix + quix_app.IN_TOPIC) > len(first)
     _finish(kafka, tmp_path, group, prefix, len(stream), "--no-changelog")
     _check(kafka, prefix, app.store_dir, stream)
 
