@@ -45,10 +45,12 @@ stress: $(STAMP)
 BENCH_PYTEST = $(PY) -m pytest benchmarks/ -p no:cacheprovider -o addopts= -q
 
 bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[anchors]'  # Litestream and SlateDB, measured beside statelog
 	$(BENCH_PYTEST) --bench-size full --benchmark-json=.benchmarks/full.json
 	$(PY) -m benchmarks.render .benchmarks/full.json --out docs/benchmarks.md
 
 bench-quick: $(STAMP)
+	$(PY) -m pip install -q -e '.[anchors]'
 	$(BENCH_PYTEST) --bench-size quick --benchmark-json=.benchmarks/quick.json
 	$(PY) -m benchmarks.render .benchmarks/quick.json --out docs/benchmarks.md
 

@@ -20,6 +20,7 @@ from statistics import median
 from .conftest import LARGE, size_id
 from .plots import plots
 from .probe import percentile
+from .render_anchors import anchors_section
 from .render_build import build_section
 from .render_engines import engines_section
 from .render_pass import pass_section, sustained_section
@@ -401,7 +402,7 @@ def render(doc: Doc, out_dir: Path, kept: str = "") -> str:
         out += section(doc)
     for section in (
         compaction_section, pass_section, sustained_section, memory_section, remote_section,
-        build_section, standby_section, pit_section, engines_section,
+        build_section, standby_section, pit_section, engines_section, anchors_section,
     ):  # fmt: skip
         out += section(doc)
     cells = _cells(doc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,8 @@ def test_every_suite_runs_once_at_tiny_sizes(tmp_path: Path) -> None:
     expected += 3  # point in time: views, and the retention window (local, s3)
     expected += 2 + 3  # stream processors: Quix throughput (with, without changelogs), recovery
     expected += 1 + 3  # and Faust's throughput, recovery
+    # The anchors: statelog, and Litestream when the `anchors` extra installed it.
+    expected += 1 + (shutil.which("litestream", path=str(Path(sys.executable).parent)) is not None)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
     cmd += ["benchmarks/", "--bench-size", "tiny", "--benchmark-disable", f"--basetemp={tmp_path}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

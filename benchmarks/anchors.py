@@ -1,0 +1,239 @@
+"""The anchors side by side: statelog shipping to S3 against SQLite replicated by Litestream.
+
+Both sides hold ``keys`` keys of 100-byte values, then commit durable
+checkpoints of 1% of the keys back to back for ``seconds`` while their
+replicator ships to the same loopback S3 server (moto):
+
+- statelog: ``statelog.open(durability="commit")`` (each checkpoint fsynced
+  before it returns), and ``statelog-compactor --remote --max-ship-lag 1s``;
+- SQLite in WAL mode with ``synchronous=FULL``, one transaction per
+  checkpoint, and ``litestream replicate`` (sync interval 1 s).
+
+A sampler restores from the bucket about once a second (``statelog.remote.restore``;
+``litestream restore``) and reads the newest checkpoint there; its *lag* is
+how long the oldest acknowledged checkpoint the bucket lacked had waited
+(0 when it had them all). After the run: the bytes in the bucket, its
+objects, and a timed restore of the whole state, its content checked.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import statelog
+from statelog.remote import RemoteClient, restore
+from tests.s3server import S3Server
+
+__all__ = ["run_litestream", "run_statelog"]
+
+VALUE = b"v" * 100
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _key(i: int) -> str:
+    return f"k{i:08d}"
+
+
+class _Acks:
+    """Commit times of the checkpoints, and the sampler that measures what the bucket lacks."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []  # checkpoint n (1-based) acknowledged at times[n - 1]
+        self.lags: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def ack(self) -> None:
+        self.times.append(time.time())
+
+    def sample(self, newest: Callable[[], int]) -> None:
+        def run() -> None:
+            while not self._stop.wait(1.0):
+                started = time.time()
+                try:
+                    have = newest()
+                except Exception:
+                    continue  # nothing restorable yet
+                waiting = [t for t in self.times[have:] if t <= started]
+                self.lags.append(started - waiting[0] if waiting else 0.0)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(60)
+
+
+def _bucket_usage(s3: S3Server, bucket: str, prefix: str) -> tuple[int, int]:
+    client = s3.boto()
+    pages = client.get_paginator("list_objects_v2")  # type: ignore[attr-defined]
+    size = count = 0
+    for page in pages.paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            size += obj["Size"]
+            count += 1
+    return size, count
+
+
+def _checkpoints(keys: int, seconds: float, commit: Callable[[int, list[str]], object],
+                 acks: _Acks) -> int:  # fmt: skip
+    """Checkpoints of 1% of the keys, back to back for ``seconds``; returns how many."""
+    batch = max(1, keys // 100)
+    n, deadline, cursor = 0, time.monotonic() + seconds, 0
+    while time.monotonic() < deadline:
+        n += 1
+        chunk = [_key((cursor + j * 97) % keys) for j in range(batch)]
+        cursor += 1
+        commit(n, chunk)
+        acks.ack()
+    return n
+
+
+def run_statelog(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[str, Any]:
+    bucket = s3.new_bucket()
+    url = f"s3://{bucket}/statelog"
+    env = {**os.environ, **s3.env()}
+    store_dir = work / "statelog"
+    with statelog.open(store_dir) as st:
+        for start in range(0, keys, 100_000):
+            chunk = {_key(i): VALUE for i in range(start, min(keys, start + 100_000))}
+            st.commit(offsets={"load": start + 1}, low_watermark_ms=0, put=chunk)
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "compactor", "--remote", url, "--interval", "5",
+         "--max-ship-lag", "1s", "--min-tail-bytes", "4MiB", str(store_dir)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    acks = _Acks()
+    client = RemoteClient.from_url(url, env=s3.env())
+    loads = -(-keys // 100_000)
+
+    def newest() -> int:
+        with tempfile.TemporaryDirectory(dir=work) as tmp:
+            return max(0, restore(url, Path(tmp) / "r", client=client).epoch - loads)
+
+    try:
+        with statelog.open(store_dir) as st:
+            time.sleep(2.0)  # the daemon's first ship
+            acks.sample(newest)
+            started = time.monotonic()
+            n = _checkpoints(
+                keys,
+                seconds,
+                lambda i, ks: st.commit(
+                    offsets={"ckpt": i}, low_watermark_ms=i, put=dict.fromkeys(ks, VALUE)
+                ),
+                acks,
+            )
+            elapsed = time.monotonic() - started
+            time.sleep(3.0)
+            acks.stop()
+    finally:
+        daemon.terminate()
+        daemon.wait(60)
+    size, objects = _bucket_usage(s3, bucket, "statelog")
+    t = time.monotonic()
+    got = restore(url, work / "statelog-restored", client=client)
+    restore_s = time.monotonic() - t
+    with statelog.open(work / "statelog-restored", readonly=True) as ro:
+        assert ro.count() == keys and ro.offsets["ckpt"] == n, (ro.count(), ro.offsets)
+    return _result("statelog", keys, n, elapsed, acks, size, objects, restore_s, got.epoch)
+
+
+def run_litestream(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[str, Any]:
+    bucket = s3.new_bucket()
+    env = s3.env()
+    db_path = work / "litestream.sqlite"
+    cfg = work / "litestream.yml"
+    cfg.write_text(
+        f"dbs:\n  - path: {db_path}\n    replicas:\n      - type: s3\n        bucket: {bucket}\n"
+        f"        path: litestream\n        endpoint: {s3.endpoint}\n        region: us-east-1\n"
+        f"        access-key-id: {env['AWS_ACCESS_KEY_ID']}\n"
+        f"        secret-access-key: {env['AWS_SECRET_ACCESS_KEY']}\n"
+        "        force-path-style: true\n        sync-interval: 1s\n"
+    )
+    db = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE kv (k TEXT PRIMARY KEY, v BLOB)")
+    db.execute("CREATE TABLE meta (id INTEGER PRIMARY KEY, ckpt INTEGER)")
+    db.execute("BEGIN")
+    db.executemany("INSERT INTO kv VALUES (?, ?)", ((_key(i), VALUE) for i in range(keys)))
+    db.execute("INSERT INTO meta VALUES (1, 0)")
+    db.execute("COMMIT")
+    litestream = shutil.which("litestream", path=str(Path(sys.executable).parent)) or "litestream"
+    # Litestream's S3 client refuses to start while AWS_CA_BUNDLE is set.
+    penv = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
+    proc = subprocess.Popen([litestream, "replicate", "-config", str(cfg)], env=penv,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+    def restored_to(out: Path) -> None:
+        subprocess.run([litestream, "restore", "-config", str(cfg), "-o", str(out), str(db_path)],
+                       env=penv, check=True, capture_output=True, timeout=600)  # fmt: skip
+
+    def newest() -> int:
+        with tempfile.TemporaryDirectory(dir=work) as tmp:
+            out = Path(tmp) / "r.sqlite"
+            restored_to(out)
+            with sqlite3.connect(out) as r:
+                return int(r.execute("SELECT ckpt FROM meta").fetchone()[0])
+
+    def commit(i: int, ks: list[str]) -> None:
+        db.execute("BEGIN")
+        db.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?)", ((k, VALUE) for k in ks))
+        db.execute("UPDATE meta SET ckpt = ?", (i,))
+        db.execute("COMMIT")
+
+    acks = _Acks()
+    try:
+        time.sleep(2.0)  # its first snapshot
+        acks.sample(newest)
+        started = time.monotonic()
+        n = _checkpoints(keys, seconds, commit, acks)
+        elapsed = time.monotonic() - started
+        time.sleep(3.0)
+        acks.stop()
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        db.close()
+    size, objects = _bucket_usage(s3, bucket, "litestream")
+    out = work / "litestream-restored.sqlite"
+    t = time.monotonic()
+    restored_to(out)
+    restore_s = time.monotonic() - t
+    with sqlite3.connect(out) as r:
+        count = r.execute("SELECT count(*) FROM kv").fetchone()[0]
+        ckpt = r.execute("SELECT ckpt FROM meta").fetchone()[0]
+    assert (count, ckpt) == (keys, n), (count, ckpt, n)
+    return _result("litestream", keys, n, elapsed, acks, size, objects, restore_s, ckpt)
+
+
+def _result(
+    system: str, keys: int, n: int, elapsed: float, acks: _Acks, size: int, objects: int,
+    restore_s: float, restored: int,
+) -> dict[str, Any]:  # fmt: skip
+    lags = sorted(acks.lags) or [float("nan")]
+
+    def pct(p: float) -> float:
+        return lags[min(len(lags) - 1, int(p * len(lags)))]
+
+    return {
+        "system": system, "keys": keys, "checkpoints": n, "seconds": elapsed,
+        "updates_per_s": n * max(1, keys // 100) / elapsed, "lag_samples": len(acks.lags),
+        "lag_p50": pct(0.5), "lag_p99": pct(0.99), "lag_max": lags[-1],
+        "bucket_bytes": size, "bucket_objects": objects,
+        "objects_per_hour": objects / elapsed * 3600, "restore_seconds": restore_s,
+        "restored_checkpoint": restored,
+    }  # fmt: skip

