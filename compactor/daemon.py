@@ -20,7 +20,9 @@ Life of the daemon, in order:
    and pass it: :func:`statelog.compaction.fold.compact`, or with ``--remote URL``
    ship, compact, ship (:func:`statelog.remote.ship`; shipping first means
    local retention never deletes a segment the remote lacks, and a ship
-   that fails fails the pass before it compacts). Then sleep ``--interval``
+   that fails fails the pass before it compacts); and a thread ships every
+   store every half ``--max-ship-lag`` beside the passes
+   (:class:`compactor.shipping.ShipLoop`). Then sleep ``--interval``
    seconds, unless some pass of the round wrote a snapshot: the writer may
    have sealed more log meanwhile, so the next round starts at once, and a
    busy store is folded back to back instead of an interval apart. A pass
@@ -69,7 +71,7 @@ from compactor.options import (
     build_parser,
     parse_args,
 )
-from compactor.shipping import STOP_SIGNALS, ship_store, wait_shipping
+from compactor.shipping import STOP_SIGNALS, ShipLoop, fenced_exit, wait_for_round
 from statelog.compaction.fold import compact
 from statelog.compaction.lock import CompactorLock
 from statelog.compaction.logfmt import LOGGER, KeyValueFormatter, kv
@@ -237,6 +239,24 @@ def _run(
             max_ship_lag=_seconds(args.max_ship_lag) if args.remote else None,
         ),
     )  # fmt: skip
+    shipper = None if client is None else ShipLoop(args, files, client, lambda: list(locks))
+    if shipper is not None:
+        shipper.start()
+    try:
+        return _rounds(args, stores, files, locks, shipper)
+    finally:
+        if shipper is not None:
+            shipper.stop()
+
+
+def _rounds(
+    args: argparse.Namespace,
+    stores: list[Path],
+    files: FileLayer,
+    locks: dict[Path, CompactorLock],
+    shipper: ShipLoop | None,
+) -> int:
+    """Rounds of passes until a stop signal, ``--once`` or a fence; returns the exit status."""
     first = True
     while True:
         failed = folded = 0
@@ -252,22 +272,13 @@ def _run(
                 if status != EXIT_OK:
                     continue
             try:
-                outcome = _pass(store, args, files, locks[store], client)
+                if shipper is not None and shipper.fenced is not None:
+                    return fenced_exit(*shipper.fenced)
+                outcome = _pass(store, args, files, locks[store], shipper)
                 failed += outcome is None
                 folded += bool(outcome)
             except FencedError as exc:
-                log.error(
-                    "%s",
-                    kv(event="fenced", store=store, generation=exc.ours, current=exc.current,
-                       hint=exc.hint),
-                )  # fmt: skip
-                print(
-                    f"statelog-compactor: {store} was taken over by another host (generation "
-                    f"{exc.current}, this store holds {exc.ours}); stop this daemon and the "
-                    "writer here (exiting, status 4)",
-                    file=sys.stderr,
-                )
-                return EXIT_FENCED
+                return fenced_exit(store, exc)
         if _stopping():
             break
         if args.once:
@@ -284,8 +295,10 @@ def _run(
             _say_locked(locked, everything=True)
             return EXIT_LOCKED
         first = False
-        if wait_shipping(args, files, locks, client, 0 if folded else args.interval):
+        if wait_for_round(0 if folded else args.interval, shipper):
             break
+        if shipper is not None and shipper.fenced is not None:
+            return fenced_exit(*shipper.fenced)
     log.info("%s", kv(event="stopped", reason="signal", pid=os.getpid()))
     return EXIT_OK
 
@@ -338,9 +351,9 @@ def _pass(
     args: argparse.Namespace,
     files: FileLayer,
     lock: CompactorLock,
-    client: RemoteClient | None,
+    shipper: ShipLoop | None,
 ) -> bool | None:
-    """One pass over ``store`` (with ``client``: ship, compact, ship).
+    """One pass over ``store`` (with ``shipper``: ship, compact, ship).
 
     :returns: whether it wrote a snapshot; None if it failed.
 
@@ -348,8 +361,8 @@ def _pass(
         by the call that found it.
     """
     try:
-        if client is not None:
-            ship_store(store, args, files, client)
+        if shipper is not None:
+            shipper.ship(store)
         result = compact(
             store,
             files=files,
@@ -363,8 +376,8 @@ def _pass(
             lock=lock,
             stop=_stopping,
         )
-        if client is not None and not _stopping():
-            ship_store(store, args, files, client)
+        if shipper is not None and not _stopping():
+            shipper.ship(store)
     except FencedError:
         raise
     except (StatelogError, OSError) as exc:

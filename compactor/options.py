@@ -247,8 +247,8 @@ def _add_remote_options(p: argparse.ArgumentParser) -> None:
         type=_duration,
         default=timedelta(seconds=1),
         metavar="DURATION",
-        help="with --remote: ship what the writers sealed at least every half of DURATION "
-        "between passes; writers of shipped stores seal their active segment once its "
+        help="with --remote: ship what the writers sealed every half of DURATION, in a "
+        "thread beside the passes; writers of shipped stores seal their active segment once its "
         "oldest commit is this old (their max_ship_lag, 1s unless set), so an acknowledged "
         "commit reaches the bucket within about DURATION (default: 1s)",
     )

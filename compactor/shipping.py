@@ -1,8 +1,9 @@
 """The daemon's shipping: one store to ``--remote``, and shipping between passes.
 
-Shipping between passes takes what the writers sealed by age, so a commit
-reaches the bucket within about ``--max-ship-lag`` while the passes stay
-``--interval`` apart.
+Shipping runs in a thread of its own every half ``--max-ship-lag``, beside
+the passes (which stay ``--interval`` apart), so what the writers seal by
+age reaches the bucket within about ``--max-ship-lag`` even while a long
+pass runs.
 """
 
 from __future__ import annotations
@@ -10,16 +11,19 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from statelog.compaction.lock import CompactorLock
+from compactor.options import EXIT_FENCED
 from statelog.compaction.logfmt import LOGGER, kv
 from statelog.errors import FencedError, StatelogError
 from statelog.remote import RemoteClient, ship
 from statelog.storage.fileio import FileLayer
 
-__all__ = ["STOP_SIGNALS", "ship_store", "wait_shipping"]
+__all__ = ["STOP_SIGNALS", "ShipLoop", "fenced_exit", "ship_store", "wait_for_round"]
 
 log = logging.getLogger(LOGGER)
 
@@ -27,38 +31,80 @@ STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 """The signals that stop the daemon (blocked, and waited for with ``sigtimedwait``)."""
 
 
-def wait_shipping(
-    args: argparse.Namespace,
-    files: FileLayer,
-    locks: dict[Path, CompactorLock],
-    client: RemoteClient | None,
-    seconds: float,
-) -> bool:
-    """Wait ``seconds`` for the next round; with ``--remote``, ship every half ``--max-ship-lag``.
+class ShipLoop:
+    """Ships every store the daemon holds every half ``--max-ship-lag``, in a thread of its own.
 
-    Shipping between passes takes what the writers sealed by age, so a
-    commit reaches the bucket within about ``--max-ship-lag`` while passes
-    stay ``--interval`` apart. A failed ship is logged and tried again.
+    A compaction pass can take seconds; shipping beside it, not between
+    passes, keeps what the writers seal by age reaching the bucket within the
+    bound. Each store's shipping is serialised by a lock the pass's own
+    ships take too. A failed ship is logged and tried again; a takeover
+    (:class:`FencedError`) ends the loop and is kept in :attr:`fenced` for
+    the daemon to act on.
+    """
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        files: FileLayer,
+        client: RemoteClient,
+        stores: Callable[[], list[Path]],
+    ) -> None:
+        self._args, self._files, self._client, self._stores = args, files, client, stores
+        self._locks: dict[Path, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.fenced: tuple[Path, FencedError] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="statelog-ship", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def ship(self, store: Path) -> None:
+        """Ship ``store`` now (serialised with the loop's ships of it).
+
+        :raises FencedError: the store was taken over by another host.
+        """
+        with self._guard:
+            lock = self._locks.setdefault(store, threading.Lock())
+        with lock:
+            ship_store(store, self._args, self._files, self._client)
+
+    def _run(self) -> None:
+        period = self._args.max_ship_lag.total_seconds() / 2
+        while not self._stop.wait(period):
+            for store in self._stores():
+                if self._stop.is_set():
+                    return
+                try:
+                    self.ship(store)
+                except FencedError as exc:
+                    self.fenced = (store, exc)
+                    return
+                except (StatelogError, OSError) as exc:
+                    log.error("%s", kv(event="ship_failed", store=store, error=str(exc)))
+                except Exception as exc:  # a bug must not end the shipping silently
+                    log.error("%s", kv(event="ship_failed", store=store, error=repr(exc)),
+                              exc_info=True)  # fmt: skip
+
+    def stop(self) -> None:
+        """End the loop; waits for a ship in flight."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+def wait_for_round(seconds: float, shipper: ShipLoop | None) -> bool:
+    """Wait ``seconds`` for the next round, waking early if the ship loop was fenced.
 
     :returns: whether a stop signal arrived.
-    :raises FencedError: a store was taken over by another host.
     """
     deadline = time.monotonic() + seconds
-    period = args.max_ship_lag.total_seconds() / 2
     while True:
         left = deadline - time.monotonic()
-        wait = max(0.0, left if client is None else min(left, period))
-        if signal.sigtimedwait(STOP_SIGNALS, wait) is not None:
+        if signal.sigtimedwait(STOP_SIGNALS, max(0.0, min(left, 0.5))) is not None:
             return True
-        if left <= period or client is None:
+        if left <= 0.5 or (shipper is not None and shipper.fenced is not None):
             return False
-        for store in list(locks):
-            try:
-                ship_store(store, args, files, client)
-            except FencedError:
-                raise
-            except (StatelogError, OSError) as exc:
-                log.error("%s", kv(event="ship_failed", store=store, error=str(exc)))
 
 
 def ship_store(
@@ -69,3 +115,18 @@ def ship_store(
         store, args.remote, retain=args.remote_retain, retain_for=args.remote_retain_for,
         client=client, files=files,
     )  # fmt: skip
+
+
+def fenced_exit(store: Path, exc: FencedError) -> int:
+    """Log and say that ``store`` was taken over; the daemon's exit status for it."""
+    log.error(
+        "%s",
+        kv(event="fenced", store=store, generation=exc.ours, current=exc.current, hint=exc.hint),
+    )
+    print(
+        f"statelog-compactor: {store} was taken over by another host (generation "
+        f"{exc.current}, this store holds {exc.ours}); stop this daemon and the "
+        "writer here (exiting, status 4)",
+        file=sys.stderr,
+    )
+    return EXIT_FENCED
