@@ -12,8 +12,10 @@ Quix's own RocksDB store. It runs until stopped (SIGTERM) or, with
 (the benchmark's events/s, and its time to the first message after a restart).
 
 Faults for the tests, by environment variable (one per process):
-``QUIX_APP_CRASH_AFTER_KAFKA_COMMIT=N``: SIGKILL itself at the N-th
-checkpoint, after Kafka's commit and before statelog's;
+``QUIX_APP_CRASH_AFTER_KAFKA_COMMIT=N``: SIGKILL itself at the first
+checkpoint whose committed offsets, summed over partitions, pass N, after
+Kafka's commit and before statelog's (by offset, not by count of
+checkpoints, so how the input straddles checkpoints does not move it);
 ``QUIX_APP_LOSE_KAFKA_COMMIT=1``: Kafka commits are silently dropped.
 """
 
@@ -121,20 +123,21 @@ def build(args: argparse.Namespace, report: Report | None = None) -> QuixApplica
 
 
 def _install_faults(app: QuixApplication) -> None:
-    crash_at = int(os.environ.get("QUIX_APP_CRASH_AFTER_KAFKA_COMMIT", "0"))
+    crash_beyond = int(os.environ.get("QUIX_APP_CRASH_AFTER_KAFKA_COMMIT", "0"))
     lose = os.environ.get("QUIX_APP_LOSE_KAFKA_COMMIT") == "1"
-    if not (crash_at or lose):
+    if not (crash_beyond or lose):
         return
     consumer = app._consumer
     real_commit = consumer.commit
-    seen = [0]
+    committed: dict[tuple[str, int], int] = {}
 
     def commit(*a: Any, **kw: Any) -> Any:
         if lose:
             return []
         out = real_commit(*a, **kw)
-        seen[0] += 1
-        if seen[0] >= crash_at:
+        for tp in kw.get("offsets") or []:
+            committed[(tp.topic, tp.partition)] = tp.offset
+        if sum(committed.values()) > crash_beyond:
             os.kill(os.getpid(), signal.SIGKILL)
         return out
 

@@ -114,12 +114,12 @@ def test_a_crash_between_kafkas_commit_and_statelogs_resumes_from_statelog(
     setup_topics(kafka, prefix)
     stream = events(3_000, seed=12)
     first, second = stream[:1_500], stream[1_500:]
-    env = {"QUIX_APP_CRASH_AFTER_KAFKA_COMMIT": "2"}
+    env = {"QUIX_APP_CRASH_AFTER_KAFKA_COMMIT": str(len(first))}
     with App(kafka, tmp_path, group, prefix, "--no-changelog", env=env) as app:
         produce(kafka, prefix, first)
         wait_for("the first checkpoint", lambda: store_progress(app.store_dir) == len(first))
         produce(kafka, prefix, second)
-        assert app.wait() == -9, app.errors()  # it killed itself inside the second checkpoint
+        assert app.wait() == -9, app.errors()  # inside the first checkpoint past `first`
     # Kafka has the second checkpoint's offsets; statelog, state and offsets, has not.
     assert store_progress(app.store_dir) == len(first)
     assert kafka_committed(kafka, group, prefix + quix_app.IN_TOPIC) > len(first)
