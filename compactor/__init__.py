@@ -6,8 +6,11 @@ memory or its active segment), and applies retention. One compactor per
 store, enforced by ``STORE/COMPACTOR.LOCK``.
 
 * :func:`compact`: one pass over one store (library use, tests, ``--once``).
-* :func:`compactor.daemon.main`: the command line.
+* :func:`main`: the command line (:func:`compactor.daemon.main`); its exit
+  statuses are the ``statelog`` command's (:mod:`statelog.cli.exits`).
 """
+
+from collections.abc import Sequence
 
 from statelog.compaction.fold import SCRATCH_DIR, CompactionResult, compact
 from statelog.compaction.lock import CompactorLock
@@ -20,4 +23,19 @@ __all__ = [
     "RetentionResult",
     "apply_retention",
     "compact",
+    "main",
 ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``statelog-compactor`` with ``argv`` (default: ``sys.argv[1:]``); return its status.
+
+    The daemon and its metrics server are imported only here, so that
+    ``from compactor import compact`` stays light.
+
+    :raises SystemExit: a bad option (status 3, after the usage message),
+        ``--help`` or ``--version`` (status 0), as :func:`compactor.daemon.main`.
+    """
+    from compactor.daemon import main as run
+
+    return run(argv)

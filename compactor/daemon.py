@@ -2,7 +2,7 @@
 
 Life of the daemon, in order:
 
-1. Parse options (:mod:`compactor.options`; bad ones exit 2); send
+1. Parse options (:mod:`compactor.options`; bad ones exit 3); send
    structured log lines to stderr.
 2. Block SIGTERM and SIGINT in the main thread. They stay pending until the
    daemon looks: between stores, between segments of a fold, and while it
@@ -11,10 +11,11 @@ Life of the daemon, in order:
 3. The stores: each sharded root named (a directory holding ``SHARDS``) is
    replaced by its shard directories (:func:`statelog.sharding.partition.expand_stores`,
    which reads only manifests), then duplicates (by absolute path) are
-   dropped. A manifest that cannot be read exits 1 before any store is touched.
+   dropped. A manifest that cannot be read exits before any store is touched
+   (1 if it is damaged, else 5).
 4. With ``--metrics-port``, start the metrics server: its threads inherit
    the blocked signals, so a stop still reaches only the main thread. A port
-   that cannot be bound exits 2 before any store is touched.
+   that cannot be bound exits 3 before any store is touched.
 5. Rounds: for each store, read its identity and take its ``COMPACTOR.LOCK``
    the first time it is reached (then hold it for the daemon's whole life),
    and pass it: :func:`statelog.compaction.fold.compact`, or with ``--remote URL``
@@ -28,39 +29,32 @@ Life of the daemon, in order:
    busy store is folded back to back instead of an interval apart. A pass
    that fails is logged at ERROR and retried next round. A store fenced by
    a takeover (:class:`~statelog.errors.FencedError`) stops
-   the daemon: exit 4.
+   the daemon: exit 4 (busy).
 6. A store whose lock another compactor holds is logged (``event=locked``,
    ERROR) and skipped; the next round tries its lock again, so it is
    served once the other compactor lets go. Only when every store was
-   locked in the first round does the daemon exit 3. ``--once`` makes one
-   round over every store, then exits: 3 if a store was locked, else 1 if a
-   pass failed or a store is missing, else 0.
+   locked in the first round does the daemon exit 4. ``--once`` makes one
+   round over every store, then exits: 4 if a store was locked, else the
+   gravest status of the others (:func:`statelog.cli.exits.gravest`), else 0.
 7. On SIGTERM or SIGINT: abandon the fold in progress at its next
    checkpoint (a snapshot already being written is finished: it is atomic),
    skip retention, remove the scratch space, release every lock, exit 0.
 
-Exit codes: 0 done or stopped by a signal; 1 a pass failed or a store is
-missing (``--once``), a shard manifest is unreadable, or an unexpected
-error; 2 bad options; 3 a store is locked by another compactor (``--once``:
-any store; otherwise: every store, at start); 4 a store was taken over by
-another host (fenced) while shipping to ``--remote``.
+Exit codes are the ``statelog`` command's (:mod:`statelog.cli.exits`); which
+outcome gives which: the epilog of ``statelog-compactor --help``.
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import warnings
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-
-from prometheus_client import start_http_server
-from prometheus_client.registry import Collector
 
 from compactor.options import (
     EXIT_BAD_OPTIONS,
@@ -71,13 +65,20 @@ from compactor.options import (
     build_parser,
     parse_args,
 )
+from compactor.serving import metrics_server as _metrics_server
 from compactor.shipping import STOP_SIGNALS, ShipLoop, fenced_exit, wait_for_round
+from statelog.cli.exits import EXIT_DAMAGED, EXIT_UNRECOVERABLE, exit_code_for, gravest
 from statelog.compaction.fold import compact
 from statelog.compaction.lock import CompactorLock
 from statelog.compaction.logfmt import LOGGER, KeyValueFormatter, kv
-from statelog.errors import CompactorLockedError, FencedError, StatelogError, StoreNotFoundError
-from statelog.ops import metrics
-from statelog.remote import LagCollector, RemoteClient
+from statelog.errors import (
+    CompactorLockedError,
+    DataLossWarning,
+    FencedError,
+    StatelogError,
+    StoreNotFoundError,
+)
+from statelog.remote import RemoteClient
 from statelog.sharding.partition import expand_stores
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
@@ -120,9 +121,10 @@ def main(argv: Sequence[str] | None = None, *, files: FileLayer | None = None) -
     locks: dict[Path, CompactorLock] = {}
     try:
         stores = _stores(args.stores)
-        if stores is None:
-            return EXIT_FAILED
-        with _metrics_server(args, stores) as started:
+        if isinstance(stores, int):
+            return stores
+        with _metrics_server(args, stores) as started, warnings.catch_warnings():
+            warnings.simplefilter("ignore", DataLossWarning)  # its passes log what they found
             if not started:
                 return EXIT_BAD_OPTIONS
             return _run(args, stores, files or FileLayer(), locks, client)
@@ -138,12 +140,12 @@ def main(argv: Sequence[str] | None = None, *, files: FileLayer | None = None) -
         logging.getLogger("statelog").removeHandler(handler)
 
 
-def _stores(given: Sequence[Path]) -> list[Path] | None:
+def _stores(given: Sequence[Path]) -> list[Path] | int:
     """The stores to serve: sharded roots expanded to their shards, duplicates dropped.
 
-    None (after logging ``event=shards_unreadable``) when a root's ``SHARDS``
-    cannot be read: its shards are unknown, and serving the other stores
-    would hide that they are never compacted.
+    An exit status instead (after logging ``event=shards_unreadable``) when a
+    root's ``SHARDS`` cannot be read: its shards are unknown, and serving the
+    other stores would hide that they are never compacted.
     """
     found: list[Path] = []
     for path in given:
@@ -152,72 +154,8 @@ def _stores(given: Sequence[Path]) -> list[Path] | None:
         except StatelogError as exc:  # damaged, of a newer version, or an I/O error
             root = os.path.abspath(path)
             log.error("%s", kv(event="shards_unreadable", store=root, error=str(exc)))
-            return None
+            return exit_code_for(exc)
     return list(dict.fromkeys(Path(os.path.abspath(s)) for s in found))
-
-
-@contextmanager
-def _metrics_server(args: argparse.Namespace, stores: list[Path] | None = None) -> Iterator[bool]:
-    """Serve :data:`statelog.ops.metrics.REGISTRY` while the daemon runs, if ``--metrics-port``.
-
-    Called with the stop signals blocked, so the server's threads never
-    take a SIGTERM meant for the main thread. Yields False (after saying
-    why on stderr) when the port cannot be bound; the server is shut down
-    and its socket closed on the way out.
-
-    :param stores: the stores served (default: ``args.stores`` as named).
-    """
-    metrics.install()
-    if stores is None:
-        stores = [Path(os.path.abspath(s)) for s in args.stores]
-    for store in stores:
-        metrics.watch(store)
-    try:
-        if args.metrics_port is None:
-            yield True
-            return
-        try:
-            server, thread = start_http_server(
-                args.metrics_port, addr=args.metrics_addr, registry=metrics.REGISTRY
-            )
-        except OSError as exc:
-            why = "address already in use" if exc.errno == errno.EADDRINUSE else str(exc)
-            where = f"{args.metrics_addr} port {args.metrics_port}"
-            port = args.metrics_port
-            log.error(
-                "%s", kv(event="metrics_unavailable", addr=args.metrics_addr, port=port, error=why)
-            )
-            print(
-                f"statelog-compactor: cannot serve metrics on {where}: {why}; pick a free "
-                "--metrics-port or stop the program holding it (exiting, status 2)",
-                file=sys.stderr,
-            )
-            yield False
-            return
-        port = server.server_port
-        log.info(
-            "%s", kv(event="metrics_serving", addr=args.metrics_addr, port=port, path="/metrics")
-        )
-        lag = _lag_collector(stores) if args.remote is not None else None
-        try:
-            yield True
-        finally:
-            if lag is not None:
-                metrics.REGISTRY.unregister(lag)
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=5)
-    finally:
-        for store in stores:
-            metrics.unwatch(store)
-
-
-def _lag_collector(stores: list[Path]) -> Collector:
-    """Register the shipping-lag gauges of ``stores`` (unregistered when the server stops)."""
-    # The same ``store`` label as every other per-store series: the resolved path.
-    lag = LagCollector([Path(metrics.store_label(s)) for s in stores])
-    metrics.REGISTRY.register(lag)
-    return lag
 
 
 def _run(
@@ -259,7 +197,8 @@ def _rounds(
     """Rounds of passes until a stop signal, ``--once`` or a fence; returns the exit status."""
     first = True
     while True:
-        failed = folded = 0
+        folded = 0
+        failed: list[int] = []  # the exit status of each store that failed this round
         # Stores another compactor held when this round tried them.
         locked: dict[Path, CompactorLockedError] = {}
         for store in stores:
@@ -267,28 +206,29 @@ def _rounds(
                 break
             if store not in locks:
                 status = _acquire(store, files, locks, locked, once=args.once)
-                if status == EXIT_FAILED:
-                    failed += 1
+                if status != EXIT_OK and store not in locked:
+                    failed.append(status)
                 if status != EXIT_OK:
                     continue
             try:
                 if shipper is not None and shipper.fenced is not None:
                     return fenced_exit(*shipper.fenced)
-                outcome = _pass(store, args, files, locks[store], shipper)
-                failed += outcome is None
-                folded += bool(outcome)
+                wrote, status = _pass(store, args, files, locks[store], shipper)
+                failed += [status] if status != EXIT_OK else []
+                folded += wrote
             except FencedError as exc:
                 return fenced_exit(store, exc)
         if _stopping():
             break
         if args.once:
             log.info(
-                "%s", kv(event="once_done", stores=len(stores), failed=failed, locked=len(locked))
+                "%s",
+                kv(event="once_done", stores=len(stores), failed=len(failed), locked=len(locked)),
             )
             if locked:
                 _say_locked(locked, everything=len(locked) == len(stores))
                 return EXIT_LOCKED
-            return EXIT_FAILED if failed else EXIT_OK
+            return gravest(failed)
         if first and len(locked) == len(stores):
             # Nothing to serve: a daemon waiting on locks it may never get
             # would look healthy while compacting nothing.
@@ -304,10 +244,13 @@ def _rounds(
 
 
 def _say_locked(locked: dict[Path, CompactorLockedError], *, everything: bool) -> None:
-    """The plain lines before exit 3: one per store another compactor holds."""
+    """The plain lines before exit 4: one per store another compactor holds."""
     why = "" if everything else "; it was not passed, the other stores were"
     for exc in locked.values():
-        print(f"statelog-compactor: {exc.message}{why}; exiting (status 3)", file=sys.stderr)
+        print(
+            f"statelog-compactor: {exc.message}{why}; exiting (status {EXIT_LOCKED})",
+            file=sys.stderr,
+        )
 
 
 def _acquire(
@@ -321,22 +264,22 @@ def _acquire(
     """Take ``store``'s compactor lock into ``locks``.
 
     :returns: EXIT_OK; EXIT_LOCKED (another compactor holds it: logged, and
-        recorded in ``locked``); or EXIT_FAILED (not a store, or unusable).
+        recorded in ``locked``); or the status of the error that made it unusable.
     """
     try:
         StoreLayout(store).read_identity(files)
         locks[store] = CompactorLock(store)
     except CompactorLockedError as exc:
-        log.error("%s", kv(event="locked", store=store, pid=exc.pid, hint=exc.hint))
+        log.error("%s", kv(event="locked", store=store, pid=exc.pid, hint=exc.command_hint))
         locked[store] = exc
         return EXIT_LOCKED
     except StoreNotFoundError as exc:
         level = logging.ERROR if once else logging.WARNING
         log.log(level, "%s", kv(event="store_missing", store=store, error=exc.message))
-        return EXIT_FAILED
+        return exit_code_for(exc)
     except (StatelogError, OSError) as exc:
         log.error("%s", kv(event="store_unusable", store=store, error=str(exc)))
-        return EXIT_FAILED
+        return exit_code_for(exc)
     log.info("%s", kv(event="locked_store", store=store, lock=locks[store].path.name))
     return EXIT_OK
 
@@ -352,10 +295,11 @@ def _pass(
     files: FileLayer,
     lock: CompactorLock,
     shipper: ShipLoop | None,
-) -> bool | None:
+) -> tuple[bool, int]:
     """One pass over ``store`` (with ``shipper``: ship, compact, ship).
 
-    :returns: whether it wrote a snapshot; None if it failed.
+    :returns: whether it wrote a snapshot, and the pass's exit status (as for
+        ``statelog compact``: 1 damage walked past, 2 no base, 5 failed).
 
     :raises FencedError: shipping found the store taken over; nothing was uploaded
         by the call that found it.
@@ -382,8 +326,12 @@ def _pass(
         raise
     except (StatelogError, OSError) as exc:
         log.error("%s", kv(event="pass_failed", store=store, error=str(exc)))
-        return None
+        return False, exit_code_for(exc)
     except Exception as exc:  # e.g. lmdb.Error (a full disk under the scratch image)
         log.error("%s", kv(event="pass_failed", store=store, error=repr(exc)), exc_info=True)
-        return None
-    return result.snapshot is not None
+        return False, EXIT_FAILED
+    damaged = EXIT_DAMAGED if result.damaged or result.skipped == "damaged" else EXIT_OK
+    return (
+        result.snapshot is not None,
+        EXIT_UNRECOVERABLE if result.skipped == "no_base" else damaged,
+    )

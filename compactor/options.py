@@ -1,19 +1,33 @@
 """The command line of ``statelog-compactor``: its options, their checks and the exit statuses.
 
-:func:`parse_args` refuses every bad option (argparse's usage message, exit
-2) before the daemon touches a store: value ranges, options that need
-another, and a ``--remote`` URL or ``AWS_*`` environment the client refuses.
+:func:`parse_args` refuses every bad option (the usage message, exit 3:
+:data:`EXIT_BAD_OPTIONS`) before the daemon touches a store: value ranges,
+options that need another, and a ``--remote`` URL or ``AWS_*`` environment
+the client refuses.
+
+The exit statuses are the ``statelog`` command's (:mod:`statelog.cli.exits`):
+the names below are the daemon's outcomes as statuses of that table. So are
+the option syntaxes: every duration is :func:`~statelog.cli.output.duration_arg`'s
+(``30``, ``30s``, ``500ms``, ``5m``, ``1h``, ``7d``), every byte count
+:func:`~statelog.cli.output.size_arg`'s (``67108864``, ``64k``, ``64MiB``, ``1G``).
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 
-from statelog.cli.output import add_chain_options, duration_arg
+from statelog.cli.exits import EXIT_BUSY, EXIT_CODES_HELP, EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from statelog.cli.output import (
+    CliParser,
+    add_chain_options,
+    duration_arg,
+    seconds_arg,
+    size_arg,
+    version_text,
+)
 from statelog.errors import StatelogError
 from statelog.remote import RemoteClient
 
@@ -27,30 +41,42 @@ __all__ = [
     "parse_args",
 ]
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_OPTIONS = 2
-EXIT_LOCKED = 3
-EXIT_FENCED = 4
+EXIT_FAILED = EXIT_ERROR
+"""A pass failed, or an unexpected error (5)."""
+EXIT_BAD_OPTIONS = EXIT_USAGE
+"""Bad options, or the ``--metrics-port`` cannot be bound (3)."""
+EXIT_LOCKED = EXIT_BUSY
+"""Another compactor holds a store (4)."""
+EXIT_FENCED = EXIT_BUSY
+"""``--remote``: another host took a store over (4)."""
 
-_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30}
-_UNITS["gib"] = 1 << 30
-
-_EPILOG = """\
-exit status:
-  0  --once pass done, or stopped by SIGTERM/SIGINT (graceful: locks released)
-  1  a pass failed (--once), a store is missing (--once), the SHARDS manifest
-     of a sharded root cannot be read (at start), or an unexpected error
-  2  bad options, or the --metrics-port cannot be bound (in use, bad address)
-  3  a store is already being compacted by another compactor (its pid is named):
+_EPILOG = (
+    EXIT_CODES_HELP
+    + """
+what makes the daemon exit with which:
+  0  --once: every pass done; the daemon: stopped by SIGTERM/SIGINT (locks released)
+  1  the SHARDS manifest of a sharded root is damaged (at start); with --once:
+     a store's IDENTITY is damaged, or a pass walked past damaged files
+  2  --once: a pass found no snapshot that verifies and a log that does not
+     begin at epoch 1 (a re-snapshot is required)
+  3  bad options, or the --metrics-port cannot be bound (in use, bad address);
+     with --once: a store named is missing or is not a statelog store
+  4  a store is being compacted by another compactor (its pid is named):
      --once: any store named (after passing the others); without --once:
-     every store given, at start
-  4  --remote: a store was taken over by another host (fenced); stop this daemon
+     every store given, at start. --remote: a store was taken over by
+     another host (fenced); stop this daemon
+  5  a pass failed (--once), a SHARDS manifest cannot be read (I/O, newer
+     version), or an unexpected error
+With --once and several outcomes, the status is the gravest: 4, then 2, 1, 5, 3.
 
 A STORE that is a sharded root (a directory holding SHARDS) stands for every
 shard under it. Without --once, a store another compactor holds is logged
 (event=locked, ERROR) and its lock tried again every --interval while the
 daemon serves the other stores; it is compacted once its lock is free.
+
+DURATION: seconds, or a number with ms, s, m, h or d: 30, 30s, 1.5s, 500ms,
+5m, 1h, 7d. SIZE: bytes, or with k/KiB, m/MiB, g/GiB (powers of 1024, any
+case): 67108864, 64k, 64KiB, 64MiB, 1G. The same as the statelog command's.
 
 Every line on stderr is `ts=... level=... event=... store=... key=value`.
 With --metrics-port, GET http://ADDR:PORT/metrics serves the statelog_*
@@ -60,13 +86,7 @@ With --remote URL each pass ships, compacts and ships again (docs/remote.md);
 the AWS_* environment configures the connection.
 The daemon reads only sealed segments and snapshots; the writer keeps running.
 """
-
-
-def _size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
-    if m is None or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 67108864, 64MiB, 512k)")
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+)
 
 
 def _bounded(low: float, kind: type[int] | type[float]) -> Callable[[str], int | float]:
@@ -82,24 +102,6 @@ def _bounded(low: float, kind: type[int] | type[float]) -> Callable[[str], int |
     return parse
 
 
-def _duration(text: str) -> timedelta:
-    """A retention window: ``90s``, ``30m``, ``1h``, ``7d`` or seconds, at least 1 ms
-    (the unit commit times are kept in) and at most what a ``timedelta`` holds.
-
-    :raises argparse.ArgumentTypeError: anything else (argparse: usage, exit 2).
-    """
-    try:
-        window = duration_arg(text)
-    except OverflowError:
-        window = timedelta.max
-    if window == timedelta.max or window < timedelta(milliseconds=1):
-        raise argparse.ArgumentTypeError(
-            f"not a usable duration: {text!r} (at least 1 ms and at most 999999999 days: "
-            "90s, 30m, 1h, 7d, or seconds)"
-        )
-    return window
-
-
 def _port(text: str) -> int:
     try:
         port = int(text)
@@ -112,7 +114,7 @@ def _port(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``statelog-compactor``."""
-    p = argparse.ArgumentParser(
+    p = CliParser(
         prog="statelog-compactor",
         description="Fold sealed WAL segments of statelog stores into snapshots, "
         "and apply retention. One compactor per store.",
@@ -127,11 +129,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="store directories, or sharded roots (every shard under the root)",
     )
     p.add_argument(
-        "--interval", type=_bounded(0.001, float), default=30.0, help="seconds between passes (30)"
+        "--version", action="version", version=version_text(), help="print the version and exit"
+    )
+    p.add_argument(
+        "--interval",
+        type=seconds_arg,
+        default=30.0,
+        metavar="DURATION",
+        help="between rounds of passes: seconds, or 500ms, 30s, 5m, 1h (default 30s)",
     )
     p.add_argument(
         "--min-tail-bytes",
-        type=_size,
+        type=size_arg,
+        metavar="SIZE",
         default=64 << 20,
         help="compact once the sealed tail after the newest snapshot holds this many bytes "
         "(default 64MiB; 0: off)",
@@ -148,11 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--retain-for",
-        type=_duration,
+        type=duration_arg,
         default=None,
         metavar="DURATION",
-        help="also keep every epoch committed in the last DURATION restorable (90s, 30m, 1h, "
-        "7d, or seconds): the newest snapshot at or before now-DURATION, every snapshot "
+        help="also keep every epoch committed in the last DURATION restorable (seconds, or "
+        "500ms, 90s, 30m, 1.5h, 7d): the newest snapshot at or before now-DURATION, every snapshot "
         "after it and the log from it; with --retain, whichever keeps more (default: by "
         "count only). Local only: --remote-retain-for is the remote's",
     )
@@ -161,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--once",
         action="store_true",
-        help="one pass over every store, then exit (3 if any store was locked)",
+        help="one pass over every store, then exit (4 if any store was locked)",
     )
     _add_remote_options(p)
     p.add_argument(
@@ -177,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDR",
         help="address the metrics server binds (127.0.0.1; 0.0.0.0 or :: for every interface)",
     )
+    _add_log_options(p)
+    return p
+
+
+def _add_log_options(p: argparse.ArgumentParser) -> None:
+    """``--log-level``, and ``-v``/``-q`` as the ``statelog`` command spells them."""
     p.add_argument(
         "--log-level",
         default="INFO",
@@ -184,8 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=str.upper,
         help="log level (INFO)",
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="same as --log-level DEBUG")
-    return p
+    p.add_argument("-v", "--verbose", action="count", default=0, help="same as --log-level DEBUG")
+    p.add_argument("-q", "--quiet", action="store_true", help="same as --log-level WARNING")
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, RemoteClient | None]:
@@ -194,10 +210,17 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, RemoteCl
     Touches no store: a client is built from the URL and the environment
     without a request.
 
-    :raises SystemExit: status 2, after argparse printed the usage and why.
+    :raises SystemExit: status 3 (:data:`EXIT_BAD_OPTIONS`), after the usage and why
+        were printed; status 0 after ``--help`` or ``--version``.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.verbose and args.quiet:
+        parser.error("-q/--quiet and -v/--verbose: give one of them")
+    if args.verbose:
+        args.log_level = "DEBUG"
+    elif args.quiet:
+        args.log_level = "WARNING"
     if args.level > 22:
         parser.error(f"--level {args.level}: zstd levels go up to 22")
     if args.remote_retain is not None and args.remote is None:
@@ -211,7 +234,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, RemoteCl
         try:
             client = RemoteClient.from_url(args.remote)
         except StatelogError as exc:
-            parser.error(f"--remote {args.remote}: {exc.message} (hint: {exc.hint})")
+            parser.error(f"--remote {args.remote}: {exc.message} (hint: {exc.command_hint})")
     return args, client
 
 
@@ -234,7 +257,7 @@ def _add_remote_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--remote-retain-for",
-        type=_duration,
+        type=duration_arg,
         default=None,
         metavar="DURATION",
         help="with --remote: keep every epoch committed in the last DURATION restorable from "
@@ -244,7 +267,7 @@ def _add_remote_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-ship-lag",
-        type=_duration,
+        type=duration_arg,
         default=timedelta(seconds=1),
         metavar="DURATION",
         help="with --remote: ship what the writers sealed every half of DURATION, in a "

@@ -78,6 +78,7 @@ log = logging.getLogger("kafka_reconciler")
 SOURCE_TOPIC = "cdc.source"
 TARGET_TOPIC = "cdc.target"
 TOPICS = (SOURCE_TOPIC, TARGET_TOPIC)
+TABLES = ("buffer", "aligner")  # read back at every start, before the first write
 SIDES = {SOURCE_TOPIC: "src", TARGET_TOPIC: "tgt"}
 LATENESS_MS = 2_000  # an event is at most this much older than any event before it in its partition
 MAX_LAG_MS = 1_500  # the target's copy of a change trails the source's by less than this
@@ -360,7 +361,7 @@ class Reconciler:
 
 def open_store(path: Path, durability: statelog.Durability = "commit") -> statelog.StateStore:
     """Open (recover) the store and log how far back recovery went."""
-    store = statelog.open(path, durability=durability)
+    store = statelog.open(path, durability=durability, tables=TABLES)
     r = store.recovery
     log.info("store=%s epoch=%d outcome=%s replayed=%d", path, r.epoch, r.outcome, r.replayed)
     if r.rejected or r.lost_epochs:
@@ -433,7 +434,7 @@ class ShardedMember:
         # With a standby root (one warm copy per shard, following the group's root),
         # the member takes its shards over by promotion instead of recovering them.
         self.sharded = standby or statelog.ShardedStore(
-            root, shards=shards, lazy=True, **store_options
+            root, shards=shards, lazy=True, tables=TABLES, **store_options
         )
         self.owned: dict[int, Reconciler] = {}
         self.generation = 0  # bumped by every rebalance callback

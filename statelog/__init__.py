@@ -21,9 +21,12 @@ import logging as _logging
 
 from statelog.errors import (
     AuditError,
+    AuditWarning,
     ChangesUnavailableError,
     CompactorLockedError,
     CorruptionError,
+    DataLossWarning,
+    EpochNotCommittedError,
     EpochUnavailableError,
     FencedError,
     FormatVersionError,
@@ -39,11 +42,13 @@ from statelog.errors import (
     SinkError,
     StandbyCopyError,
     StatelogError,
+    StatelogWarning,
     StorageError,
     StoreClosedError,
     StoreLockedError,
     StoreNotFoundError,
     StorePromotedError,
+    UnknownTableError,
     WriteStallError,
 )
 from statelog.log.changes import Change, TableChange
@@ -68,11 +73,14 @@ _audit.install()
 
 __all__ = [
     "AuditError",
+    "AuditWarning",
     "Change",
     "ChangesUnavailableError",
     "CompactorLockedError",
     "CorruptionError",
+    "DataLossWarning",
     "Durability",
+    "EpochNotCommittedError",
     "EpochUnavailableError",
     "FencedError",
     "FormatVersionError",
@@ -98,6 +106,7 @@ __all__ = [
     "StandbyCopyError",
     "StateStore",
     "StatelogError",
+    "StatelogWarning",
     "StorageError",
     "StoreClosedError",
     "StoreLockedError",
@@ -106,6 +115,7 @@ __all__ = [
     "StorePromotedError",
     "TableChange",
     "Transaction",
+    "UnknownTableError",
     "WriteStallError",
     "__version__",
     "open",

@@ -2,7 +2,8 @@
 
 Every error derives from :class:`StatelogError` and carries a one-line
 ``hint`` telling the caller what to do next. ``str(error)`` includes the
-hint, so a log line or a traceback is actionable on its own.
+hint, so a log line or a traceback is actionable on its own; ``cli_hint``,
+where set, gives that advice in ``statelog`` commands and options instead.
 
 Bad input (:class:`InvalidCommitError` and its kin) is always detected before
 anything reaches the disk: a refused commit changes nothing.
@@ -15,9 +16,12 @@ from pathlib import Path
 
 __all__ = [
     "AuditError",
+    "AuditWarning",
     "ChangesUnavailableError",
     "CompactorLockedError",
     "CorruptionError",
+    "DataLossWarning",
+    "EpochNotCommittedError",
     "EpochUnavailableError",
     "FencedError",
     "FormatVersionError",
@@ -33,11 +37,13 @@ __all__ = [
     "SinkError",
     "StandbyCopyError",
     "StatelogError",
+    "StatelogWarning",
     "StorageError",
     "StoreClosedError",
     "StoreLockedError",
     "StoreNotFoundError",
     "StorePromotedError",
+    "UnknownTableError",
     "WriteStallError",
 ]
 
@@ -46,12 +52,25 @@ class StatelogError(Exception):
     """Base class of every error statelog raises."""
 
     hint: str = "see the statelog documentation"
+    cli_hint: str | None = None  # None: ``hint`` serves the commands' users too
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, cli_hint: str | None = None):
         super().__init__(message)
         self.message = message
         if hint is not None:
             self.hint = hint
+        if cli_hint is not None:
+            self.cli_hint = cli_hint
+
+    @property
+    def command_hint(self) -> str:
+        """What the commands print: the ``cli_hint`` given beside the ``hint`` in force
+        (the error's own, else the nearest class's), else that ``hint``."""
+        own = vars(self)
+        if "hint" in own or "cli_hint" in own:
+            return own.get("cli_hint") or self.hint
+        where = next(vars(c) for c in type(self).__mro__ if "hint" in vars(c))
+        return where.get("cli_hint") or self.hint
 
     def __str__(self) -> str:
         return f"{self.message} (hint: {self.hint})"
@@ -61,12 +80,16 @@ class CorruptionError(StatelogError):
     """Stored bytes failed verification: a checksum mismatch, a chain break or a foreign file."""
 
     hint = (
-        "open without strict=True to recover to the last good commit; "
-        "the damaged bytes are then kept aside as .corrupt files"
+        "run `statelog verify STORE` to see the damage; an open without strict=True "
+        "recovers to the last good commit and keeps the damaged bytes aside as .corrupt files"
+    )
+    cli_hint = (
+        "run `statelog verify STORE` to see the damage and `statelog recover --dry-run STORE` "
+        "to see what recovery keeps; `statelog recover STORE` then repairs it"
     )
 
-    def __init__(self, path: Path, offset: int, reason: str, *, hint: str | None = None) -> None:
-        super().__init__(f"{path} at offset {offset}: {reason}", hint=hint)
+    def __init__(self, path: Path, offset: int, reason: str, **hints: str | None) -> None:
+        super().__init__(f"{path} at offset {offset}: {reason}", **hints)
         self.path = path
         self.offset = offset
         self.reason = reason
@@ -79,23 +102,37 @@ class ResnapshotRequired(StatelogError):
         "restore the store from a backup or rebuild the state from the source "
         "(a full re-snapshot); statelog refuses to guess"
     )
+    cli_hint = (
+        "restore the store from its remote copy (`statelog restore SOURCE NEW_DIR`) or a "
+        "backup, or rebuild the state from the source; `statelog verify STORE` names each file"
+    )
 
     def __init__(
-        self, message: str, tried: Sequence[tuple[Path, str]] = (), *, hint: str | None = None
+        self, message: str, tried: Sequence[tuple[Path, str]] = (), **hints: str | None
     ) -> None:
         detail = "; ".join(f"{p}: {why}" for p, why in tried)
-        super().__init__(f"{message}: {detail}" if detail else message, hint=hint)
+        super().__init__(f"{message}: {detail}" if detail else message, **hints)
         self.tried = list(tried)
 
 
 class StoreLockedError(StatelogError):
-    """Another writer holds the store's lock."""
+    """Another writer holds the store's lock (or this process has the store open already)."""
 
     hint = "stop the other writer first, or open with readonly=True to read without taking the lock"
+    cli_hint = (
+        "a writer has the store open (`statelog inspect STORE` names its pid): stop it first, "
+        "or run `statelog recover --dry-run STORE`, which reads without the lock"
+    )
 
-    def __init__(self, path: Path, pid: int | None, *, hint: str | None = None) -> None:
-        who = f"process {pid}" if pid is not None else "another process"
-        super().__init__(f"store {path} is locked by {who}", hint=hint)
+    def __init__(
+        self, path: Path, pid: int | None, *, this_process: bool = False, **hints: str | None
+    ):
+        if this_process:  # the holder is this very process: a second open
+            what = "is already open in this process"
+            hints.setdefault("hint", "close the other StateStore first, or use a `with` block")
+        else:
+            what = f"is locked by {f'process {pid}' if pid is not None else 'another process'}"
+        super().__init__(f"store {path} {what}", **hints)
         self.path = path
         self.pid = pid
 
@@ -107,10 +144,11 @@ class CompactorLockedError(StatelogError):
         "one compactor per store: stop the other compactor (its pid is named) or let it "
         "do the work; a compactor that died released its lock with its process"
     )
+    cli_hint = "stop the other compactor (`statelog inspect STORE` names it) or let it work"
 
-    def __init__(self, path: Path, pid: int | None, *, hint: str | None = None) -> None:
+    def __init__(self, path: Path, pid: int | None, **hints: str | None) -> None:
         who = f"process {pid}" if pid is not None else "another process"
-        super().__init__(f"store {path} is being compacted by {who}", hint=hint)
+        super().__init__(f"store {path} is being compacted by {who}", **hints)
         self.path = path
         self.pid = pid
 
@@ -140,6 +178,7 @@ class InvalidOptionError(StatelogError, ValueError):
     """An option passed to ``statelog.open`` is unknown or out of range."""
 
     hint = "see the options of statelog.open in the README; nothing was changed"
+    cli_hint = "see the command's options (`statelog COMMAND --help`); nothing was changed"
 
 
 class NotAStoreError(StatelogError):
@@ -152,18 +191,21 @@ class StoreClosedError(InvalidCommitError):
     """The store was used after ``close()``."""
 
     hint = "open the store again with statelog.open()"
+    cli_hint = "run the command again"
 
 
 class ReadOnlyStoreError(InvalidCommitError):
     """A write was attempted through a store opened with ``readonly=True``."""
 
     hint = "open the store without readonly=True (one writer per store) to commit"
+    cli_hint = "only the store's writer (the application) commits; the commands only read"
 
 
 class StoreNotFoundError(StatelogError, FileNotFoundError):
     """A read-only open named a directory that holds no statelog store."""
 
     hint = "check the path; a writer creates the store on its first open"
+    cli_hint = "check the path: name a store directory (one that holds IDENTITY)"
 
 
 class StorageError(StatelogError, OSError):
@@ -197,7 +239,8 @@ class WriteStallError(StatelogError):
 class AuditError(StatelogError):
     """The audit trail could not be read or written, or is not an audit trail."""
 
-    hint = "run `statelog audit STORE --verify` to see which entry is at fault"
+    hint = "AuditTrail(STORE).verify() names every damaged line and why"
+    cli_hint = "run `statelog audit --verify STORE`: it names every damaged line and why"
 
 
 class SinkError(StatelogError):
@@ -278,6 +321,10 @@ class PromotionRefusedError(StatelogError):
         "force=True (`statelog promote --force`): the copy's state is promoted as it is, "
         "without the commits after its last look; nothing was changed"
     )
+    cli_hint = (
+        "if the source's writer is certainly dead (its host down or fenced), run `statelog "
+        "promote --force`: the copy is promoted as its last look left it; nothing was changed"
+    )
 
 
 class PromotionLostError(PromotionRefusedError):
@@ -296,6 +343,10 @@ class StandbyCopyError(StatelogError):
         "open it with follow=SOURCE to keep it following (or readonly=True to read it as it "
         "stands); to make it the writer, promote it (store.promote(), `statelog promote "
         "COPY --source SOURCE`), which fences the source's writer first"
+    )
+    cli_hint = (
+        "`statelog inspect COPY` reads it as it stands; to make it the writer, run `statelog "
+        "promote COPY --source SOURCE`, which fences the source's writer first"
     )
 
 
@@ -317,3 +368,33 @@ class IntegrationError(StatelogError, ValueError):
         "statelog[quix]` or `statelog[faust]`) and check the store's options; nothing was "
         "written"
     )
+
+
+class UnknownTableError(StatelogError, LookupError):
+    """A read named a table that was never written and is not declared (``tables=``)."""
+
+    hint = "declare the tables the code reads before it first writes them: tables=(...)"
+
+
+class EpochNotCommittedError(StatelogError, ValueError):
+    """``wait_durable`` asked for an epoch this store has not committed (it would never come)."""
+
+    hint = "wait for an epoch that commit() returned"
+
+
+class StatelogWarning(UserWarning):
+    """Base of the warnings statelog emits where something was lost or not recorded.
+
+    They are shown without any logging set up; ``warnings.simplefilter("error",
+    statelog.StatelogWarning)`` makes them raise, ``logging.captureWarnings(True)``
+    routes them to the ``py.warnings`` logger.
+    """
+
+
+class DataLossWarning(StatelogWarning):
+    """An open recovered to less than the files held: epochs were lost, or an older
+    snapshot was used because a newer one was damaged (``strict=True`` raises instead)."""
+
+
+class AuditWarning(StatelogWarning):
+    """The audit trail could not be read or appended: recoveries are not being recorded."""

@@ -21,7 +21,7 @@ if __name__ == "__main__":  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import statelog
-from statelog.cli.drill_writer import Origin, drill_commit, redelivery
+from statelog.cli.drill_writer import APPLIED, BUFFER, Origin, drill_commit, redelivery
 
 LIES = ("double-apply", "lie-ack")
 
@@ -44,7 +44,12 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument("--segment-bytes", type=int, default=16 * 1024)
     args = ap.parse_args(argv)
     _emit("opening")
-    store = statelog.open(args.store, durability="commit", segment_bytes=args.segment_bytes)
+    store = statelog.open(
+        args.store,
+        durability="commit",
+        segment_bytes=args.segment_bytes,
+        tables=(APPLIED, BUFFER),
+    )
     _emit(f"open {store.epoch}")
     redeliver = redelivery(args.seed, store.epoch)
     lead = 2 if args.lie == "lie-ack" else 0

@@ -139,9 +139,11 @@ def batch_events(seed: int, b: int) -> list[tuple[int, str, int]]:
 def step(sinked: SinkedStore, b: int, hook: Hook = _no_hook, seed: int = SEED) -> SinkCommit:
     """Fold batch ``b`` into the store and emit its outputs; one sinked commit."""
     store = sinked.store
+    has_totals = store.has_table("totals")  # not before the first batch
     touched: dict[str, dict[str, Any]] = {}
     for idx, acct, amount in batch_events(seed, b):
-        cur = touched.get(acct) or store.get(acct, table="totals") or {"total": 0, "n": 0}
+        stored = store.get(acct, table="totals") if has_totals else None
+        cur = touched.get(acct) or stored or {"total": 0, "n": 0}
         touched[acct] = {"total": cur["total"] + amount, "n": cur["n"] + 1, "last": idx}
     outputs, put, delete = [], {}, []
     for acct, t in sorted(touched.items()):

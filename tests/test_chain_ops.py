@@ -1,7 +1,7 @@
 """Operators' settings and tools on delta chains: each a table of settings or failure modes.
 
 The chain limits (``max_chain``, ``full_ratio``) are refused alike by the
-daemon (exit 2), ``statelog compact`` (usage error, exit 3) and
+daemon and ``statelog compact`` (usage error, exit 3) and
 ``StoreOptions`` (``InvalidOptionError``), and reach the pass when good.
 ``statelog inspect`` shows each snapshot's kind, depth and parent;
 ``statelog verify`` names a delta whose chain is broken (kind ``chain``,
@@ -131,12 +131,12 @@ BAD_FLAGS = [
 
 
 @pytest.mark.parametrize(("flag", "text", "why"), BAD_FLAGS)
-def test_the_daemon_refuses_a_bad_chain_limit_with_exit_2(
+def test_the_daemon_refuses_a_bad_chain_limit_with_exit_3(
     flag: str, text: str, why: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as info:
         parse_args([flag, text, str(tmp_path)])
-    assert info.value.code == 2
+    assert info.value.code == 3
     err = capsys.readouterr().err
     assert flag in err and why in err and "hint:" in err
 
@@ -147,7 +147,7 @@ def test_statelog_compact_refuses_a_bad_chain_limit_as_a_usage_error(
 ) -> None:
     before = sorted(p.name for p in (chain.root / "snapshots").iterdir())
     code, _out, err = run_cli(capsys, "compact", chain.root, flag, text)
-    assert code == 3  # the CLI's usage status (2 means "not recoverable" there)
+    assert code == 3  # the usage status of both commands (2 means "not recoverable")
     assert flag in err and why in err and "hint:" in err
     assert sorted(p.name for p in (chain.root / "snapshots").iterdir()) == before
 

@@ -389,12 +389,12 @@ def test_once_exit_codes_and_log_lines(store_path: Path, tmp_path: Path) -> None
     below = run_cli("--once", store_path)  # default trigger: 64 MiB, far above this tail
     assert below.returncode == 0 and "reason=nothing_new" in below.stderr
     missing = run_cli("--once", tmp_path / "nowhere")
-    assert missing.returncode == 1 and "event=store_missing" in missing.stderr
+    assert missing.returncode == 3 and "event=store_missing" in missing.stderr
     assert "holds no statelog store" in missing.stderr
     bad = run_cli("--once", "--retain", "0", store_path)
-    assert bad.returncode == 2 and "--retain" in bad.stderr
+    assert bad.returncode == 3 and "--retain" in bad.stderr
     helped = run_cli("--help")
-    assert helped.returncode == 0 and "3  a store is already being compacted" in helped.stdout
+    assert helped.returncode == 0 and "4  a store is being compacted" in helped.stdout
 
 
 def test_a_round_that_folded_is_followed_at_once_and_an_idle_one_sleeps(
@@ -421,14 +421,14 @@ def test_a_round_that_folded_is_followed_at_once_and_an_idle_one_sleeps(
         assert daemon.wait(timeout=10) == 0
 
 
-def test_second_daemon_exits_3_and_sigterm_stops_gracefully(store_path: Path) -> None:
+def test_second_daemon_exits_4_and_sigterm_stops_gracefully(store_path: Path) -> None:
     with statelog.open(store_path, segment_bytes=SEG) as s:
         commits(s, 1, 40)
     first = start_daemon("--interval", "60", "--min-tail-bytes", "0", store_path)
     try:
         wait_for(first, "event=pass_done")
         second = run_cli("--once", store_path)
-        assert second.returncode == 3, second.stderr
+        assert second.returncode == 4, second.stderr
         assert f"being compacted by process {first.pid}" in second.stderr
         started = time.monotonic()
         first.send_signal(signal.SIGTERM)

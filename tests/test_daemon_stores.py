@@ -9,8 +9,8 @@ Every test runs the real ``python -m compactor`` in a subprocess.
 | daemon, one store held by another compactor | ``event=locked`` at ERROR; the other store      |
 |                                             | compacted; still running, the lock retried;     |
 |                                             | the held store compacted once it is released    |
-| ``--once``, one store held                  | the free store compacted, then exit 3           |
-| daemon, every store held at start           | exit 3 at once, nothing written                 |
+| ``--once``, one store held                  | the free store compacted, then exit 4           |
+| daemon, every store held at start           | exit 4 at once, nothing written                 |
 """
 
 from __future__ import annotations
@@ -150,34 +150,34 @@ def test_a_locked_store_is_retried_while_the_others_are_served(tmp_path: Path) -
     finally:
         other.release()
         daemon.kill()
-    assert "exiting" not in daemon.text  # no plain "exiting (status 3)" line
+    assert "exiting" not in daemon.text  # no plain "exiting (status 4)" line
 
 
-def test_once_with_a_locked_store_passes_the_others_then_exits_3(tmp_path: Path) -> None:
+def test_once_with_a_locked_store_passes_the_others_then_exits_4(tmp_path: Path) -> None:
     held, free = tmp_path / "held", tmp_path / "free"
     make_store(held)
     make_store(free)
     with CompactorLock(held):
         done = run_cli("--once", "--min-tail-bytes", "0", held, free)
-    assert done.returncode == 3, done.stderr
+    assert done.returncode == 4, done.stderr
     assert snapshots(free) and not snapshots(held)
     assert f"level=ERROR event=locked store={held} pid={os.getpid()} " in done.stderr
     assert "event=once_done stores=2 failed=0 locked=1" in done.stderr
     want = f"statelog-compactor: store {held} is being compacted by process {os.getpid()}; "
-    assert want + "it was not passed, the other stores were; exiting (status 3)" in done.stderr
+    assert want + "it was not passed, the other stores were; exiting (status 4)" in done.stderr
 
 
-def test_every_store_locked_at_start_exits_3(tmp_path: Path) -> None:
+def test_every_store_locked_at_start_exits_4(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     make_store(a)
     make_store(b)
     with CompactorLock(a), CompactorLock(b):
         # A 60 s interval: a daemon that went on waiting would time this out.
         done = run_cli("--interval", "60", "--min-tail-bytes", "0", a, b, timeout=30)
-    assert done.returncode == 3, done.stderr
+    assert done.returncode == 4, done.stderr
     assert done.stderr.count("level=ERROR event=locked ") == 2
     for store in (a, b):
-        assert f"store {store} is being compacted by process {os.getpid()}; exiting (status 3)" in (
+        assert f"store {store} is being compacted by process {os.getpid()}; exiting (status 4)" in (
             done.stderr
         )
         assert not snapshots(store)

@@ -30,7 +30,8 @@ from statelog.storage.snapshots import list_snapshots
 from tests.delta_stores import SEG, Model, contents
 
 KEYS = [f"k{i}" for i in range(12)] + [b"b%d" % i for i in range(6)]
-tables = st.sampled_from(["default", "other", "third"])
+TABLES = ("default", "other", "third")
+tables = st.sampled_from(TABLES)
 keys = st.sampled_from(KEYS)
 SEEN: Counter[str] = Counter()  # what the passes of every run wrote, and the swaps
 values = st.one_of(
@@ -43,7 +44,7 @@ class DeltaMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="statelog-delta-"))
         self.path = self.dir / "store"
-        self.store = statelog.open(self.path, segment_bytes=SEG)
+        self.store = statelog.open(self.path, segment_bytes=SEG, tables=TABLES)
         self.model = Model()
 
     @rule(
@@ -88,7 +89,7 @@ class DeltaMachine(RuleBasedStateMachine):
     @rule()
     def reopen(self) -> None:
         self.store.close()
-        self.store = statelog.open(self.path, segment_bytes=SEG)
+        self.store = statelog.open(self.path, segment_bytes=SEG, tables=TABLES)
         assert self.store.recovery.rejected == ()
         assert self.store.epoch == self.model.epoch
 
@@ -102,7 +103,7 @@ class DeltaMachine(RuleBasedStateMachine):
     def holds_the_model(self) -> None:
         assert self.store.epoch == self.model.epoch
         assert contents(self.store) == self.model.state()
-        for table in ("default", "other", "third"):
+        for table in TABLES:
             for k in KEYS:
                 assert self.store.get(k, table=table) == self.model.tables.get(table, {}).get(k)
 

@@ -2,8 +2,9 @@
 
 The drill passes on a fresh store; each of its checks fails when the writer
 it kills misbehaves on purpose (a test-side writer, ``tests/drill_liar.py``,
-passed to the drill's library entry point); bad arguments and an existing
-store without ``--force`` are refused before anything is written.
+passed to the drill's library entry point); bad arguments and a path that
+is not a store are refused before anything is written. That an existing
+store is drilled on a copy unless ``--in-place`` is in ``test_drill_safety.py``.
 """
 
 from __future__ import annotations
@@ -171,17 +172,6 @@ def test_bad_drill_arguments_carry_a_hint() -> None:
     assert "(hint: " in got.stderr
 
 
-def test_an_existing_store_is_refused_without_force_and_left_untouched(tmp_path: Path) -> None:
-    store = tmp_path / "prod"
-    with statelog.open(store) as s:
-        s.commit(offsets={"orders-0": 7}, low_watermark_ms=1_000, put={"k": "v"})
-    before = tree(store)
-    got = drill(store, "--kills", "1")
-    assert got.returncode == EXIT_USAGE
-    assert "existing store" in got.stderr and "(hint: " in got.stderr and "--force" in got.stderr
-    assert tree(store) == before
-
-
 def test_a_path_that_is_not_a_store_is_refused_even_with_force(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("mine")
     before = tree(tmp_path)
@@ -225,7 +215,7 @@ def test_damage_already_in_a_store_is_told_and_not_blamed_on_recovery(tmp_path: 
 
 
 def test_check_state_names_each_kind_of_divergence(tmp_path: Path) -> None:
-    with statelog.open(tmp_path / "s") as store:
+    with statelog.open(tmp_path / "s", tables=(APPLIED, BUFFER)) as store:
         origin, _ = origin_of(store)
         for _ in range(12):
             drill_commit(store, 9, origin, 0)

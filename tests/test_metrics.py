@@ -505,7 +505,7 @@ def test_daemon_endpoint_shows_mismatch_rise_after_walking_past_damaged_snapshot
         writer.close()
 
 
-def test_daemon_exits_2_when_the_metrics_port_is_taken(store_path: Path) -> None:
+def test_daemon_exits_3_when_the_metrics_port_is_taken(store_path: Path) -> None:
     with statelog.open(store_path) as s:
         commit_n(s, 1, 3)
     listing = sorted(p.relative_to(store_path) for p in store_path.rglob("*"))
@@ -517,7 +517,7 @@ def test_daemon_exits_2_when_the_metrics_port_is_taken(store_path: Path) -> None
             [PY, "-m", "compactor", "--once", "--metrics-port", str(port), str(store_path)],
             cwd=REPO, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 3, done.stderr
     assert f"cannot serve metrics on 127.0.0.1 port {port}: address already in use" in done.stderr
     assert "event=metrics_unavailable" in done.stderr
     # Refused before any store was touched: no lock, no snapshot, nothing new.
@@ -530,5 +530,5 @@ def test_daemon_refuses_a_bad_metrics_port(store_path: Path, port: str) -> None:
         [PY, "-m", "compactor", "--once", "--metrics-port", port, str(store_path)],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert done.returncode == 2 and "--metrics-port" in done.stderr
+    assert done.returncode == 3 and "--metrics-port" in done.stderr
     assert not store_path.exists()

@@ -123,7 +123,7 @@ def test_column_families_are_tables_apart(state: QuixState) -> None:
     with part.begin() as tx:
         tx.set("k", "a", prefix=b"p")
         tx.set("k", "b", prefix=b"p", cf_name="other")
-    assert set(state.store.tables()) == {
+    assert set(state.store.tables()) - {CHANGELOG_TABLE} == {
         "quix/events/counts/2/default", "quix/events/counts/2/other",
     }  # fmt: skip
     with part.begin() as tx:

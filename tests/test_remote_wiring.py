@@ -7,9 +7,9 @@ under test reads the connection from the AWS_* environment, as in production.
 |--------------------------------------------|----------------------------------------|
 | host lost after `--once --remote`          | restore elsewhere = last shipped epoch |
 | daemon's store taken over elsewhere        | exit 4 (fenced), nothing uploaded      |
-| object store refuses the first ship        | failed pass (exit 1), no compaction    |
+| object store refuses the first ship        | failed pass (exit 5), no compaction    |
 | daemon: --metrics-port and --remote        | lag gauges served, gone at exit        |
-| daemon: bad --remote, lone --remote-retain | exit 2, no store touched               |
+| daemon: bad --remote, lone --remote-retain | exit 3, no store touched               |
 | `statelog restore`, clean remote           | exit 0, last shipped epoch             |
 | `statelog restore`, damaged snapshot       | exit 1, the snapshot named             |
 | `statelog restore`, nothing restorable     | exit 2, no destination                 |
@@ -121,7 +121,7 @@ def test_daemon_failed_first_ship_fails_the_pass_before_compacting(
     commit_range(src, 0, 300)
     gone = "s3://statelog-no-such-bucket/shard"  # every request is refused (404), not retried
     code = daemon.main(["--once", "--remote", gone, "--min-tail-bytes", "0", str(src)])
-    assert code == daemon.EXIT_FAILED
+    assert code == daemon.EXIT_FAILED == 5
     assert not list((src / "snapshots").glob("*.snap"))  # compaction never ran
 
 
@@ -153,7 +153,7 @@ def test_daemon_bad_remote_options_exit_2_before_touching_a_store(
     before = sorted(p.name for p in store.iterdir())
     with pytest.raises(SystemExit) as err:
         daemon.main(["--once", *argv, str(store)])
-    assert err.value.code == daemon.EXIT_BAD_OPTIONS
+    assert err.value.code == daemon.EXIT_BAD_OPTIONS == 3
     assert sorted(p.name for p in store.iterdir()) == before  # not even COMPACTOR.LOCK
     assert env.object_keys() == []
 

@@ -23,8 +23,8 @@ with an explicit window end (``now_ms``) or, through the daemon and
 | ``retain_for`` 0, negative, not timedelta | ``InvalidOptionError`` with a hint; nothing     |
 |   (compact, retention, remote, ship)      |   deleted (ship: nothing uploaded)              |
 | daemon ``--retain-for`` values            | 90s 30m 1h 1.5h 7d 30 parse; 0 -5 1w "" 1e3     |
-|   (and ``--remote-retain-for``)           | 0.0001 99999999999d: usage error, exit 2, hint  |
-| ``--remote-retain-for`` without remote    | refused, exit 2                                 |
+|   (and ``--remote-retain-for``)           | 0.0001 99999999999d: usage error, exit 3, hint  |
+| ``--remote-retain-for`` without remote    | refused, exit 3                                 |
 | ``statelog compact --retain-for``         | keeps 40 onwards; bad: exit 3 (its usage        |
 |                                           | status), nothing deleted                        |
 | the daemon with ``--retain-for``          | its pass keeps snapshot 40 onwards              |
@@ -289,7 +289,7 @@ def test_daemon_refuses_bad_durations(
 ) -> None:
     with pytest.raises(SystemExit) as exc:
         parse_args(["--remote", "s3://bucket/p", flag, value, "STORE"])
-    assert exc.value.code == 2  # the daemon's usage status (3 is "store locked")
+    assert exc.value.code == 3  # the usage status of both commands
     err = capsys.readouterr().err
     assert "duration" in err and "90s" in err  # the hint: what a duration looks like
 
@@ -297,7 +297,7 @@ def test_daemon_refuses_bad_durations(
 def test_remote_retain_for_needs_remote(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         parse_args(["--remote-retain-for", "1h", "STORE"])
-    assert exc.value.code == 2 and "needs --remote" in capsys.readouterr().err
+    assert exc.value.code == 3 and "needs --remote" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("value", ["0", "1w", "-5"])
@@ -325,7 +325,7 @@ def daemon(*args: str) -> subprocess.CompletedProcess[str]:
 def test_the_daemon_applies_retain_for(full_store: Path, tmp_path: Path) -> None:
     root = copy(full_store, tmp_path)
     bad = daemon("--retain-for", "1w", str(root))
-    assert bad.returncode == 2 and "not a duration" in bad.stderr
+    assert bad.returncode == 3 and "not a duration" in bad.stderr
     done = daemon("--retain", "1", "--retain-for", since(45), str(root))
     assert done.returncode == 0, done.stderr
     assert "retain_for=" in done.stderr and "event=started" in done.stderr

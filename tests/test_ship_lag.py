@@ -152,7 +152,9 @@ def test_the_gauges_count_what_the_bucket_lacks(tmp_path: Path, remote: Remote) 
         assert (doc["url"], doc["shipped_epoch"], doc["epochs"]) == (remote.url, 1, 6)
 
 
-@pytest.mark.parametrize("bad", [timedelta(0), timedelta(milliseconds=5), timedelta(days=2), 1.0])
+@pytest.mark.parametrize(
+    "bad", [timedelta(0), timedelta(milliseconds=5), timedelta(days=2), 0.005, "1s"]
+)
 def test_a_bad_max_ship_lag_is_refused(tmp_path: Path, bad: object) -> None:
     with pytest.raises(statelog.InvalidOptionError, match="max_ship_lag"):
         statelog.open(tmp_path / "s", max_ship_lag=bad)

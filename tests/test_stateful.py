@@ -45,6 +45,7 @@ OPTIONS: dict[str, Any] = {
     "durability": "commit",
     "segment_bytes": 4096,  # the smallest allowed: segments roll every few commits
     "fragment_bytes": 256,  # values above this are split into several frames
+    "tables": ("orders", "payments"),  # read before they are first written
 }
 TABLE_NAMES = ("default", "orders", "payments")
 PARTITION_NAMES = ("p0", "p1", "p2")

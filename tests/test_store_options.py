@@ -26,6 +26,7 @@ MiB = 1 << 20
 
 DOCUMENTED_DEFAULTS: dict[str, Any] = {
     "durability": "commit",
+    "tables": (),
     "group_delay": timedelta(milliseconds=2),
     "segment_bytes": 64 * MiB,
     "fragment_bytes": None,  # 1 MiB, or segment_bytes if smaller: see fragment_size
@@ -58,7 +59,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("durability-case", {"durability": "COMMIT"}, "durability"),
     ("durability-none", {"durability": None}, "durability"),
     ("group-delay-zero", {"group_delay": timedelta(0)}, "group_delay"),
-    ("group-delay-float", {"group_delay": 0.002}, "group_delay"),
+    ("group-delay-inf", {"group_delay": float("inf")}, "group_delay"),
     ("group-delay-too-long", {"group_delay": timedelta(seconds=11)}, "group_delay"),
     ("segment-too-small", {"segment_bytes": 4095}, "segment_bytes"),
     ("segment-too-big", {"segment_bytes": 2**32}, "segment_bytes"),
@@ -72,7 +73,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("readonly-str", {"readonly": "yes"}, "readonly"),
     ("strict-none", {"strict": None}, "strict"),
     ("base-refresh-zero", {"base_refresh": timedelta(0)}, "base_refresh"),
-    ("base-refresh-float", {"base_refresh": 1.0}, "base_refresh"),
+    ("base-refresh-str", {"base_refresh": "1s"}, "base_refresh"),
     ("compactor-unknown", {"compactor": "daemon"}, "compactor"),
     ("compactor-interval-negative", {"compactor_interval": timedelta(-1)}, "compactor_interval"),
     ("min-tail-negative", {"min_tail_bytes": -1}, "min_tail_bytes"),
@@ -88,10 +89,10 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("max-overlay-float", {"max_overlay_bytes": float(1 << 30)}, "max_overlay_bytes"),
     ("max-overlay-bool", {"max_overlay_bytes": True}, "max_overlay_bytes"),
     ("overlay-wait-zero", {"overlay_wait": timedelta(0)}, "overlay_wait"),
-    ("overlay-wait-float", {"overlay_wait": 5.0}, "overlay_wait"),
+    ("overlay-wait-negative", {"overlay_wait": -5.0}, "overlay_wait"),
     ("full-ratio-str", {"full_ratio": "0.5"}, "full_ratio"),
     ("ship-lag-zero", {"max_ship_lag": timedelta(0)}, "max_ship_lag"),
-    ("ship-lag-float", {"max_ship_lag": 1.0}, "max_ship_lag"),
+    ("ship-lag-nan", {"max_ship_lag": float("nan")}, "max_ship_lag"),
     ("remote-check-zero", {"remote_check": timedelta(0)}, "remote_check"),
     ("remote-not-str", {"remote": 7}, "remote"),
     ("remote-readonly", {"remote": URL, "readonly": True}, "readonly"),

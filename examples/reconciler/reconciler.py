@@ -41,6 +41,7 @@ from .streams import LATENESS_MS, MAX_LAG_MS, Event, Streams, generate
 __all__ = ["reconcile", "verdict_of"]
 
 DONE = 2**62  # an exhausted partition holds the watermark back no longer
+TABLES = ("buffer", "aligner")  # read back at every start, before the first write
 
 
 def verdict_of(entry: dict[str, Any]) -> str:
@@ -68,7 +69,9 @@ def reconcile(
     :returns: the number of checkpoints committed by this call.
     """
     with (
-        statelog.open(store_path, durability="commit", segment_bytes=segment_bytes) as store,
+        statelog.open(
+            store_path, durability="commit", segment_bytes=segment_bytes, tables=TABLES
+        ) as store,
         SQLiteSink(sink_path, table="verdicts") as sink,
     ):
         if stats is not None:

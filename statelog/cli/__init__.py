@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Callable
 
 from statelog.cli import (
@@ -26,10 +27,10 @@ from statelog.cli import (
     tail,
     verify,
 )
-from statelog.cli.output import EXIT_CODES_HELP, EXIT_USAGE, CliParser, say_error
+from statelog.cli.exits import EXIT_BROKEN_PIPE, EXIT_CODES_HELP, EXIT_USAGE
+from statelog.cli.output import CliParser, say_error, version_text
 from statelog.compaction.logfmt import KeyValueFormatter
-
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a reader that left
+from statelog.errors import DataLossWarning
 
 __all__ = ["build_parser", "main"]
 
@@ -81,11 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[_common(suppress=False)],
     )
+    parser.add_argument(
+        "--version", action="version", version=version_text(), help="print the version and exit"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     parents = [_common(suppress=True)]
-    for module in (inspect, verify, recover, compact, dump, tail, audit, restore, promote):
+    for module in (inspect, verify, recover, compact, dump, tail, audit, drill, restore, promote):
         module.add_parser(sub, parents)
-    drill.add_parser(sub)
     return parser
 
 
@@ -114,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     handler = _setup_logging(args.verbose)
     try:
-        return _RUN[args.command](args)
+        with warnings.catch_warnings():
+            # Each command reports what a recovery lost in its own output.
+            warnings.simplefilter("ignore", DataLossWarning)
+            return _RUN[args.command](args)
     except BrokenPipeError:
         # The reader went away (`statelog dump S | head`): stop quietly, as a
         # process killed by SIGPIPE would, and keep Python from complaining at exit.

@@ -66,8 +66,9 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "--min-tail-bytes",
         type=size_arg,
         default=0,
-        help="fold only once the sealed tail holds this many bytes, e.g. 64MiB "
-        "(default 0: fold whatever is sealed; the daemon's default is 64MiB)",
+        metavar="SIZE",
+        help="fold only once the sealed tail holds this many bytes: 67108864, 64k, 64MiB, "
+        "1G (default 0: fold whatever is sealed; the daemon's default is 64MiB)",
     )
     p.add_argument(
         "--min-tail-records",
@@ -81,8 +82,8 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         type=duration_arg,
         default=None,
         metavar="DURATION",
-        help="also keep every epoch committed within this window restorable (90s, 30m, 1h, "
-        "7d, or seconds)",
+        help="also keep every epoch committed within this window restorable: seconds, or "
+        "500ms, 90s, 30m, 1.5h, 7d",
     )
     p.add_argument("--level", type=_at_least(1), default=3, help="zstd level, 1-22 (3)")
     add_chain_options(p)
@@ -145,6 +146,7 @@ def _doc(r: CompactionResult) -> dict[str, Any]:
         "seconds": round(r.seconds, 6),
         "deleted": [str(p) for p in r.deleted],
         "skipped": r.skipped,
+        "skip_reason": r.skip_reason,
         "damaged": [str(p) for p in r.damaged],
     }
 
@@ -159,7 +161,7 @@ def _print(r: CompactionResult) -> None:
             f"folded   epochs {r.epochs.start}..{r.epochs.stop - 1} from {len(r.segments)} segments"
         )
     else:
-        print(f"skipped  {r.skipped}")
+        print(f"skipped  {r.skip_reason}")
     print(f"read     {fmt_bytes(r.bytes_read)} in {r.seconds:.2f}s")
     for p in r.deleted:
         print(f"deleted  {p.parent.name}/{p.name} (retention)")

@@ -31,7 +31,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from statelog.cli.drill_writer import PASS_STEPS, Model, Origin, check_state, origin_of
+from statelog.cli.drill_writer import (
+    APPLIED,
+    BUFFER,
+    PASS_STEPS,
+    Model,
+    Origin,
+    check_state,
+    origin_of,
+)
 from statelog.errors import StatelogError
 from statelog.log.segments import list_segments
 from statelog.recovery.report import Outcome, RecoveryReport
@@ -39,7 +47,7 @@ from statelog.storage.fileio import FileLayer
 from statelog.storage.snapshots import list_snapshots, parse_snapshot_name, verify_snapshot
 from statelog.store.store import open as open_store
 
-__all__ = ["Drill", "RoundResult", "verifies"]
+__all__ = ["Drill", "Flip", "RoundResult", "verifies"]
 
 WAIT = 60.0  # seconds a child may take to reach the next step before the round fails
 _WRITER = [sys.executable, "-m", "statelog.cli.drill_writer"]
@@ -70,6 +78,15 @@ class RoundResult:
     def to_dict(self) -> dict[str, Any]:
         """The round as JSON-ready data."""
         return {**dataclasses.asdict(self), "verdict": "pass" if self.passed else "FAIL"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Flip:
+    """A byte ``--damage`` flipped: where, and what it held before (so it can be put back)."""
+
+    path: Path
+    offset: int
+    byte: int
 
 
 class _Child:
@@ -159,6 +176,7 @@ class Drill:
         self.rng = random.Random(f"statelog-drill-timing:{seed}")
         self.model = Model.start(seed, origin)
         self.damaged: set[str] = set()
+        self.flips: list[Flip] = []
         self.damage_pending = damage
         self.segment_bytes = segment_bytes
         self.last_epoch = origin.epoch
@@ -242,18 +260,20 @@ class Drill:
         if len(good) < 2:
             return
         newest = good[0]
+        offset = newest.stat().st_size // 2
         with newest.open("r+b") as fh:
-            fh.seek(newest.stat().st_size // 2)
+            fh.seek(offset)
             byte = fh.read(1)
             fh.seek(-1, os.SEEK_CUR)
             fh.write(bytes([byte[0] ^ 0xFF]))
+        self.flips.append(Flip(newest, offset, byte[0]))
         self.damaged.add(newest.name)
         self.damage_pending = False
         r.damaged = newest.name
 
     def _recover(self, r: RoundResult) -> None:
         try:
-            store = open_store(self.store)
+            store = open_store(self.store, tables=(APPLIED, BUFFER))
         except StatelogError as exc:
             r.problems.append(f"recovery failed: {exc}")
             return

@@ -322,7 +322,9 @@ def drill_commit(
 
 def _write(store_path: Path, seed: int, origin: Origin, segment_bytes: int) -> int:
     _emit("opening")
-    store = open_store(store_path, durability="commit", segment_bytes=segment_bytes)
+    store = open_store(
+        store_path, durability="commit", segment_bytes=segment_bytes, tables=(APPLIED, BUFFER)
+    )
     _emit(f"open {store.epoch}")
     redeliver = redelivery(seed, store.epoch)
     while True:  # until SIGKILL: the drill never lets the writer finish

@@ -72,7 +72,7 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "holder and compactor status. Changes nothing in the store. Exit 0 when all is "
         "well, 1 when a snapshot fails verification, a delta's chain is broken or recovery "
         "would repair damage, "
-        "2 when no open can recover the store.",
+        "2 when no open can recover the store (or its IDENTITY is damaged).",
     )
     p.add_argument("store", type=Path, metavar="STORE", help="the store directory")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
@@ -129,7 +129,10 @@ def run(args: argparse.Namespace) -> int:
     root: Path = args.store
     files = FileLayer()
     layout = StoreLayout(root)
-    store_id = layout.read_identity(files)
+    try:
+        store_id = layout.read_identity(files)
+    except CorruptionError as exc:
+        return _unidentified(root, exc, as_json=args.json)
     state, used, refused = _recovered(root)
     snaps = _snapshot_rows(files, layout, store_id, used, refused, verify=not args.no_verify)
     segs = _segment_rows(layout)
@@ -166,6 +169,20 @@ def run(args: argparse.Namespace) -> int:
         for s in snaps
     )
     return EXIT_DAMAGED if damaged or rec["rejected"] else EXIT_OK
+
+
+def _unidentified(root: Path, exc: CorruptionError, *, as_json: bool) -> int:
+    """Say that no open can use ``root``, whose ``IDENTITY`` is damaged; exit 2."""
+    why = f"{exc.path.name}: {exc.reason}"
+    if as_json:
+        print_json({"store": str(root), "store_id": None, "unrecoverable": why,
+                    "hint": exc.command_hint})  # fmt: skip
+    else:
+        print(f"{'store':<12} {root}")
+        print(f"{'DAMAGED':<12} {why}")
+        print(f"{'verdict':<12} NOT RECOVERABLE: no open can identify the log")
+        print(f"{'hint':<12} {exc.command_hint}")
+    return EXIT_UNRECOVERABLE
 
 
 def _remote(root: Path) -> dict[str, Any] | None:

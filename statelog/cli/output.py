@@ -1,5 +1,10 @@
 """What every subcommand shares: exit codes, the parser class, errors as one line, progress.
 
+Also what both commands (``statelog`` and ``statelog-compactor``) share on
+their command lines: the exit-status table (:mod:`statelog.cli.exits`), one
+syntax for durations (:func:`duration_arg`) and one for byte counts
+(:func:`size_arg`), and ``--version`` (:func:`version_text`).
+
 The command prints (it is the one part of statelog that does); the library
 only logs. Human output goes to stdout, JSON (``--json``) to stdout as one
 document, errors and progress to stderr, so ``statelog verify --json S |
@@ -10,33 +15,34 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import json
 import re
 import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any, NoReturn
 
-from statelog.compaction.delta import MAX_CHAIN_LIMIT, MAX_FULL_RATIO, ChainPolicy
-from statelog.errors import (
-    AuditError,
-    ChangesUnavailableError,
-    CompactorLockedError,
-    CorruptionError,
-    EpochUnavailableError,
-    InvalidOptionError,
-    NotAStoreError,
-    PromotionLostError,
-    ResnapshotRequired,
-    StandbyCopyError,
-    StatelogError,
-    StoreLockedError,
-    StoreNotFoundError,
-    StorePromotedError,
+from statelog.cli.exits import (
+    EXIT_BROKEN_PIPE,
+    EXIT_BUSY,
+    EXIT_CODES_HELP,
+    EXIT_DAMAGED,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNRECOVERABLE,
+    EXIT_USAGE,
+    exit_code_for,
 )
+from statelog.compaction.delta import MAX_CHAIN_LIMIT, MAX_FULL_RATIO, ChainPolicy
+from statelog.errors import StatelogError
 
 __all__ = [
+    "DURATION_EXAMPLES",
+    "EXIT_BROKEN_PIPE",
     "EXIT_BUSY",
     "EXIT_CODES_HELP",
     "EXIT_DAMAGED",
@@ -45,6 +51,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_UNRECOVERABLE",
     "EXIT_USAGE",
+    "SIZE_EXAMPLES",
     "CliParser",
     "ProgressFn",
     "add_chain_options",
@@ -57,33 +64,12 @@ __all__ = [
     "print_json",
     "progress",
     "say_error",
+    "seconds_arg",
     "size_arg",
+    "version_text",
 ]
 
-EXIT_OK = 0
-EXIT_DAMAGED = 1
-EXIT_UNRECOVERABLE = 2
-EXIT_USAGE = 3
-EXIT_BUSY = 4
-EXIT_ERROR = 5
-EXIT_INTERRUPTED = 130
-
-EXIT_CODES_HELP = """\
-exit status (every subcommand):
-  0    done; the store is clean
-  1    damage found, but the store is recoverable (or: an audit or drill problem)
-  2    not recoverable: a re-snapshot (restore or rebuild from the source) is required
-  3    usage error, or the path is not a statelog store
-  4    the store is busy: another writer or compactor holds its lock, another
-       promoted standby became its writer, or it is a standby's copy (not promoted)
-  5    any other error (I/O error, unknown format version, ...)
-  130  interrupted (Ctrl-C)
-"""
-
 ProgressFn = Callable[[str, int, int], None]
-
-_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20}
-_UNITS |= {"g": 1 << 30, "gib": 1 << 30}
 
 
 class CliParser(argparse.ArgumentParser):
@@ -95,27 +81,90 @@ class CliParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
+_BYTES = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20}
+_BYTES |= {"g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40}
+SIZE_EXAMPLES = "67108864, 64k, 64KiB, 64MiB, 1G, 1.5GiB"
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
+_SECONDS = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+# Half of what a timedelta holds: a window is subtracted from and added to
+# times, and either must still fit.
+_MAX_SECONDS = Decimal(timedelta.max.days // 2 * 86400)
+DURATION_EXAMPLES = "30 (seconds), 30s, 90s, 1.5s, 500ms, 5m, 1h, 7d"
+
+
 def size_arg(text: str) -> int:
-    """An argparse type: a byte count, ``67108864``, ``64MiB``, ``512k``."""
-    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
-    if m is None or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 67108864, 64MiB, 512k)")
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+    """An argparse type: a byte count, for every byte-count option of both commands.
 
+    A whole number of bytes, optionally with a binary unit in any case
+    (``k``/``KiB`` 1024, ``m``/``MiB``, ``g``/``GiB``, ``t``/``TiB``; ``b``
+    bytes): ``67108864``, ``64k``, ``64KiB``, ``64MiB``, ``1G``; a fraction
+    only where it makes whole bytes (``1.5GiB``). ``64KB`` is refused:
+    decimal or binary would be a guess.
 
-_UNITS_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    :raises argparse.ArgumentTypeError: anything else, with examples (the
+        command exits with the usage status).
+    """
+    m = _SIZE.fullmatch(text)
+    unit = m.group(2).lower() if m is not None else None
+    n = Decimal(m.group(1)) * _BYTES[unit] if m is not None and unit in _BYTES else None
+    if n is None or n != n.to_integral_value():
+        raise argparse.ArgumentTypeError(
+            f"not a size: {text!r} (hint: a whole number of bytes, or a number with k, KiB, "
+            f"m, MiB, g, GiB, t or TiB, powers of 1024, in any case: {SIZE_EXAMPLES})"
+        )
+    return int(n)
 
 
 def duration_arg(text: str) -> timedelta:
-    """An argparse type: a positive duration, ``90s``, ``30m``, ``1h``, ``7d`` or seconds."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
-    seconds = float(m.group(1)) * _UNITS_S[m.group(2)] if m is not None else 0.0
-    if not 0.001 <= seconds <= timedelta.max.total_seconds() / 2:
+    """An argparse type: a duration, for every duration option of both commands.
+
+    A number of seconds, or a number with ``ms``, ``s``, ``m``, ``h`` or
+    ``d``: ``30``, ``30s``, ``1.5s``, ``500ms``, ``5m``, ``1h``, ``7d``;
+    at least 1 ms (the unit commit times are kept in) and at most half of
+    what a ``timedelta`` holds.
+
+    :raises argparse.ArgumentTypeError: anything else (``0``, ``-5``,
+        ``1w``, ``1e3``), with examples (the command exits with the usage
+        status).
+    """
+    m = _DURATION.fullmatch(text)
+    if m is None:
+        seconds = Decimal(0)
+    elif m.group(2) == "ms":
+        seconds = Decimal(m.group(1)) / 1000
+    else:
+        seconds = Decimal(m.group(1)) * _SECONDS[m.group(2)]
+    if not Decimal("0.001") <= seconds <= _MAX_SECONDS:
         raise argparse.ArgumentTypeError(
-            f"not a duration: {text!r} (a positive number with s, m, h or d, at least 1 ms: "
-            "90s, 30m, 1h, 7d)"
+            f"not a duration: {text!r} (hint: a number of seconds, or one with ms, s, m, h "
+            f"or d, from 1 ms to {int(_MAX_SECONDS // 86400)} days: {DURATION_EXAMPLES})"
         )
-    return timedelta(seconds=seconds)
+    return timedelta(seconds=float(seconds))
+
+
+def seconds_arg(text: str) -> float:
+    """An argparse type: :func:`duration_arg`, as a number of seconds (``5m`` is 300.0).
+
+    :raises argparse.ArgumentTypeError: as :func:`duration_arg`.
+    """
+    return duration_arg(text).total_seconds()
+
+
+def version_text() -> str:
+    """What ``--version`` prints for both commands: ``statelog X.Y.Z``.
+
+    The installed distribution's version; for a source tree run without
+    installing, the package's ``__version__``.
+    """
+    try:
+        version = importlib.metadata.version("statelog")
+    except importlib.metadata.PackageNotFoundError:
+        # Read from the loaded package: its modules never import the package's
+        # top module (an import contract), and it is always loaded before them.
+        version = str(getattr(sys.modules.get("statelog"), "__version__", "unknown"))
+    return f"statelog {version}"
 
 
 def max_chain_arg(text: str) -> int:
@@ -179,27 +228,14 @@ def add_chain_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def exit_code_for(exc: BaseException) -> int:
-    """The documented exit status for an error that ended a subcommand."""
-    if isinstance(exc, ResnapshotRequired | ChangesUnavailableError | EpochUnavailableError):
-        return EXIT_UNRECOVERABLE
-    if isinstance(exc, StoreNotFoundError | NotAStoreError | InvalidOptionError):
-        return EXIT_USAGE
-    if isinstance(exc, StoreLockedError | CompactorLockedError):
-        return EXIT_BUSY
-    if isinstance(exc, PromotionLostError | StorePromotedError | StandbyCopyError):
-        return EXIT_BUSY
-    if isinstance(exc, CorruptionError | AuditError):
-        return EXIT_DAMAGED
-    if isinstance(exc, KeyboardInterrupt):
-        return EXIT_INTERRUPTED
-    return EXIT_ERROR
-
-
 def say_error(exc: BaseException) -> int:
-    """Print ``exc`` as one line on stderr (with its hint); return its exit status."""
+    """Print ``exc`` as one line on stderr (with its hint); return its exit status.
+
+    A statelog error's hint is the one for command users (``command_hint``):
+    it names subcommands and options, not Python keyword arguments.
+    """
     if isinstance(exc, StatelogError):
-        text = f"{type(exc).__name__}: {exc.message} (hint: {exc.hint})"
+        text = f"{type(exc).__name__}: {exc.message} (hint: {exc.command_hint})"
     elif isinstance(exc, KeyboardInterrupt):
         text = "interrupted"
     elif isinstance(exc, OSError):

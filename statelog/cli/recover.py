@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"recovery {verb}: NOT RECOVERABLE, a re-snapshot is required")
             for t in tried:
                 print(f"  refused  {Path(t['file']).name}: {t['reason']}")
-            print(f"hint: {exc.hint}")
+            print(f"hint: {exc.command_hint}")
         return EXIT_UNRECOVERABLE
     doc = plan(report, dry_run=args.dry_run, chain=snapshot_chain(report.snapshot))
     if args.json:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from statelog.cli.dump import jsonable
-from statelog.cli.output import EXIT_OK
+from statelog.cli.output import EXIT_OK, seconds_arg
 from statelog.log.changes import Change, read_changes
 
 __all__ = ["add_parser", "change_doc", "change_line", "run"]
@@ -30,16 +30,6 @@ def _epoch_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an epoch (an integer >= 0)") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not an epoch (an integer >= 0)")
-    return value
-
-
-def _seconds_arg(text: str) -> float:
-    try:
-        value = float(text.removesuffix("s"))
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
     return value
 
 
@@ -63,10 +53,11 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--follow", "-f", action="store_true", help="wait for new commits")
     p.add_argument(
         "--poll",
-        type=_seconds_arg,
+        type=seconds_arg,
         default=0.5,
-        metavar="SECONDS",
-        help="with --follow: how often to look for new commits (default 0.5s)",
+        metavar="DURATION",
+        help="with --follow: how often to look for new commits: seconds, or 500ms, 2s, "
+        "1m (default 0.5s)",
     )
     p.add_argument("--json", action="store_true", help="one JSON object per epoch")
 

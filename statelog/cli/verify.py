@@ -20,7 +20,10 @@ from statelog.cli.output import (
     print_json,
     progress,
 )
+from statelog.errors import CorruptionError
 from statelog.ops.verify import Verdict, VerifyReport, verify_store
+from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import StoreLayout
 
 __all__ = ["add_parser", "run"]
 
@@ -53,11 +56,26 @@ def run(args: argparse.Namespace) -> int:
     with progress("verify", quiet=args.quiet or args.json) as tick:
         report = verify_store(args.store, progress=tick)
     writer = lock_holder(args.store / "LOCK")
+    damaged_identity = any(f.kind == "identity" for f in report.findings)
+    hint = _identity_hint(args.store) if damaged_identity else None
     if args.json:
-        print_json({**report.to_dict(), "writer_running": bool(writer["held"])})
+        print_json({**report.to_dict(), "writer_running": bool(writer["held"]), "hint": hint})
     else:
         _print(report, bool(writer["held"]))
+        if hint is not None:
+            print(f"hint       {hint}")
     return _EXIT[report.verdict]
+
+
+def _identity_hint(store: Path) -> str | None:
+    """What to do about the damaged ``IDENTITY`` the report names (it carries no advice)."""
+    try:
+        StoreLayout(store).read_identity(FileLayer())
+    except CorruptionError as exc:
+        return exc.command_hint
+    except Exception:  # changed since the report: the report stands without a hint
+        return None
+    return None
 
 
 def _print(report: VerifyReport, writer_running: bool) -> None:

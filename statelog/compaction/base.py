@@ -23,7 +23,7 @@ from statelog.events import emit
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
 
-__all__ = ["CompactionResult", "Pass", "Start", "fold_tail", "report_mismatch"]
+__all__ = ["CompactionResult", "Pass", "Start", "fold_tail", "human_bytes", "report_mismatch"]
 
 log = logging.getLogger(LOGGER)
 
@@ -41,10 +41,28 @@ class CompactionResult:
     seconds: float = 0.0
     deleted: tuple[Path, ...] = ()  # files removed by retention
     skipped: str | None = None  # nothing_new, below_trigger, no_base, damaged, interrupted
+    skip_detail: str = ""  # the numbers behind ``skipped``: "700 KiB of 64 MiB"
     damaged: tuple[Path, ...] = ()  # damaged snapshots and segments met (left in place)
     full: bool = True  # a full snapshot (False: a delta on top of ``base``'s chain)
     depth: int = 0  # deltas between the snapshot written and its chain's full snapshot
     written_bytes: int = 0  # bytes of the snapshot file written
+
+    @property
+    def skip_reason(self) -> str | None:
+        """``skipped`` with its numbers, ``below_trigger: 700 KiB of 64 MiB``; None: not skipped."""
+        if self.skipped is None or not self.skip_detail:
+            return self.skipped
+        return f"{self.skipped}: {self.skip_detail}"
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes for a log line or a person: ``812 B``, ``700 KiB``, ``38.2 KiB``, ``64 MiB``."""
+    value, unit = float(n), "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{n} B" if unit == "B" else f"{value:.1f}".removesuffix(".0") + f" {unit}"
 
 
 @dataclass

@@ -10,11 +10,12 @@ of a segment that never change once written:
   record count without decoding anything. A sealed segment is immutable, so
   what the peek saw is what the fold will read (and verify in full).
 
-The writer's active segment is the last one and is unsealed: the peek of
-its last 24 bytes is the only read it ever gets from the compactor, and
-nothing it returns is folded. Segment names are ``<sequence>-<first LSN>``
-(``statelog.format.wal``): a segment ``i`` that is not the last holds the
-LSNs ``first_lsn(i) .. first_lsn(i + 1) - 1``.
+The writer's active segment is the last one and is unsealed: nothing in
+it is folded. Besides the peek of its last 24 bytes, a pass that finds
+nothing new walks its frame headers (:func:`count_unsealed`, bounded) only
+to say how many commits wait there for the writer to seal it. Segment
+names are ``<sequence>-<first LSN>`` (``statelog.format.wal``): a segment
+``i`` that is not the last holds the LSNs ``first_lsn(i) .. first_lsn(i + 1) - 1``.
 """
 
 from __future__ import annotations
@@ -26,8 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from statelog.format.wal import (
+    FRAME_HEADER,
+    FRAME_HEADER_SIZE,
     HEADER_SIZE,
+    FrameType,
     SegmentHeader,
+    padding,
 )
 from statelog.log.reader import peek_seal
 from statelog.log.segments import list_segments
@@ -35,6 +40,7 @@ from statelog.log.segments import list_segments
 __all__ = [
     "SegmentInfo",
     "Tail",
+    "count_unsealed",
     "covered_generation",
     "find_link",
     "list_segment_infos",
@@ -138,6 +144,45 @@ def _generation_before(segments: Sequence[SegmentInfo], lsn: int) -> int:
     except FileNotFoundError:
         return 0
     return header.generation if header is not None else 0
+
+
+_COUNT_LIMIT = 8 << 20
+"""The most bytes of an active segment :func:`count_unsealed` walks."""
+_RECORD_FRAMES = (FrameType.FULL, FrameType.FIRST, FrameType.MIDDLE, FrameType.LAST)
+
+
+def count_unsealed(seg: SegmentInfo) -> tuple[int, int, bool]:
+    """``(records, bytes, complete)``: the whole records in the writer's active
+    segment, as far as its listed size, to tell a person why nothing is folded.
+
+    Walks the frame headers only (no checksum is verified: this counts, it
+    never folds), from the first :data:`_COUNT_LIMIT` bytes in 1 MiB reads,
+    and stops at the first frame that does not parse (a torn or growing
+    tail). ``complete`` is False when the limit cut the walk short: the
+    counts are then a lower bound.
+
+    :raises OSError: reading failed.
+    """
+    fd = os.open(seg.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        stop = min(seg.size, HEADER_SIZE + _COUNT_LIMIT)
+        off = end = HEADER_SIZE
+        records, buf, buf_at = 0, b"", 0
+        while off + FRAME_HEADER_SIZE <= stop:
+            if off + FRAME_HEADER_SIZE > buf_at + len(buf):
+                buf, buf_at = os.pread(fd, min(1 << 20, stop - off), off), off
+                if len(buf) < FRAME_HEADER_SIZE:
+                    break
+            _crc, length, ftype, *_ = FRAME_HEADER.unpack_from(buf, off - buf_at)
+            nxt = off + FRAME_HEADER_SIZE + length + padding(length)
+            if ftype not in _RECORD_FRAMES or nxt > seg.size:
+                break
+            off = nxt
+            if ftype in (FrameType.FULL, FrameType.LAST):
+                records, end = records + 1, off
+    finally:
+        os.close(fd)
+    return records, end - HEADER_SIZE, stop == seg.size
 
 
 def find_link(

@@ -33,13 +33,21 @@ from statelog.compaction.base import (
     Pass,
     Start,
     fold_tail,
+    human_bytes,
     report_mismatch,
 )
 from statelog.compaction.delta import Changes, delta_meta, plan_delta
 from statelog.compaction.merge import merge_levels
 from statelog.compaction.replay import Folding
 from statelog.compaction.retention import mark_verified
-from statelog.compaction.tail import SegmentInfo, Tail, list_segment_infos, sealed_tail
+from statelog.compaction.tail import (
+    SegmentInfo,
+    Tail,
+    count_unsealed,
+    list_segment_infos,
+    peek_seal,
+    sealed_tail,
+)
 from statelog.errors import CorruptionError, FormatVersionError
 from statelog.format.snapshot import IMAGE_VERSION, SnapshotHeader
 from statelog.storage.builder import ImageBuilder
@@ -75,11 +83,14 @@ def fold_pass(p: Pass) -> CompactionResult:
                 continue  # an older snapshot may still link to the log
             new = tail.last_lsn - base_lsn
             if new <= 0:
-                return _skip(p, "nothing_new", base=base_name, base_lsn=base_lsn)
+                why = _nothing_new(segs, base_lsn)
+                return _skip(p, "nothing_new", why, base=base_name, base_lsn=base_lsn)
             if not _triggered(p, tail.bytes, new):
+                why = _below_trigger(p, tail.bytes, new)
                 return _skip(
-                    p, "below_trigger", base=base_name, tail_bytes=tail.bytes, tail_records=new
-                )
+                    p, "below_trigger", why, base=base_name, tail_bytes=tail.bytes,
+                    tail_records=new,
+                )  # fmt: skip
             p.tail_bytes = tail.bytes
             result = _fold_from(p, cand[2] if cand is not None else None, base_lsn, tail.segments)
             if result is not None:
@@ -92,9 +103,38 @@ def fold_pass(p: Pass) -> CompactionResult:
     return CompactionResult(p.root, skipped="no_base")
 
 
-def _skip(p: Pass, why: str, **fields: object) -> CompactionResult:
-    p.say(logging.INFO, "compaction_skipped", reason=why, **fields)
-    return CompactionResult(p.root, skipped=why)
+def _skip(p: Pass, why: str, detail: str, **fields: object) -> CompactionResult:
+    """Log and return a skipped pass: ``reason`` a fixed word, ``detail`` its numbers."""
+    p.say(logging.INFO, "compaction_skipped", reason=why, detail=detail, **fields)
+    return CompactionResult(p.root, skipped=why, skip_detail=detail)
+
+
+def _below_trigger(p: Pass, tail_bytes: int, tail_records: int) -> str:
+    """How far the sealed tail is from each trigger that is on: ``700 KiB of 64 MiB``."""
+    parts = []
+    if p.min_tail_bytes > 0:
+        parts.append(f"{human_bytes(tail_bytes)} of {human_bytes(p.min_tail_bytes)}")
+    if p.min_tail_records > 0:
+        parts.append(f"{tail_records} of {p.min_tail_records} commits")
+    return ", ".join(parts)
+
+
+def _nothing_new(segs: list[SegmentInfo], base_lsn: int) -> str:
+    """Why nothing sealed follows ``base_lsn``: the commits the writer's active
+    segment holds, which no pass folds before the writer seals it, if any."""
+    active = segs[-1] if segs and segs[-1].first_lsn > base_lsn else None
+    try:
+        if active is not None and peek_seal(active.path, active.size) is None:
+            records, size, complete = count_unsealed(active)
+            if records:
+                more = "" if complete else "at least "
+                return (
+                    f"{more}{records} commits ({human_bytes(size)}) in the active segment, "
+                    "not sealed"
+                )
+    except OSError:
+        pass  # the segment was sealed and removed meanwhile: nothing to count
+    return f"no commit after epoch {base_lsn}"
 
 
 def _triggered(p: Pass, tail_bytes: int, tail_records: int) -> bool:

@@ -10,9 +10,10 @@ below the one before it in the log) is absent from records written before
 statelog recorded it; they decode with ``commit_ms`` 0, "unknown".
 
 Keys are msgpack ``str`` or ``bin`` and decode back to ``str`` or ``bytes``.
-Each value is itself the msgpack encoding of the user's value, stored as
-``bin``: the live state keeps values encoded, so replay, the base snapshot
-and reads share one representation and a caller can never alias stored state.
+Each value is itself the msgpack encoding of the user's value
+(:mod:`statelog.format.values`), stored as ``bin``: the live state keeps
+values encoded, so replay, the base snapshot and reads share one
+representation and a caller can never alias stored state.
 
 Encoding is the commit path's and checks nothing: the writer validated its
 input already (``statelog.store.validate``). Decoding is every reader's,
@@ -32,6 +33,7 @@ import msgspec
 
 from statelog.errors import StatelogError
 from statelog.format.limits import MAX_KEY_BYTES, key_problem, table_name_problem
+from statelog.format.values import decode_value, encode_value
 
 __all__ = [
     "DECODE_ERRORS",
@@ -96,11 +98,7 @@ DECODE_ERRORS = (msgspec.DecodeError, RecursionError, TypeError, ValueError, Ove
 
 _encoder = msgspec.msgpack.Encoder()
 _record_decoder = msgspec.msgpack.Decoder(CommitRecord)
-_value_decoder = msgspec.msgpack.Decoder()
 _KEY_TYPES = frozenset((str, bytes))
-
-encode_value = _encoder.encode
-"""Encode one user value to msgpack bytes (raises TypeError/ValueError/OverflowError)."""
 
 encode_record = _encoder.encode
 """Encode a :class:`CommitRecord` to its payload bytes."""
@@ -191,7 +189,7 @@ def _values_problem(values: list[bytes], out: list[list[Any]] | None = None) -> 
     would pass bad UTF-8, bad timestamps and unhashable map keys, which a
     read would then trip over. The objects are dropped at once.
     """
-    dec = _value_decoder.decode
+    dec = decode_value
     kept: list[Any] = []
     try:
         for v in values:
@@ -201,12 +199,3 @@ def _values_problem(values: list[bytes], out: list[list[Any]] | None = None) -> 
     if out is not None:
         out.append(kept)
     return None
-
-
-def decode_value(data: bytes) -> Any:
-    """Decode one stored value back to Python objects (a fresh copy each call).
-
-    :raises DECODE_ERRORS: ``data`` is not valid msgpack, or is nested too
-        deeply; bytes from a record or snapshot that passed its checks never do.
-    """
-    return _value_decoder.decode(data)

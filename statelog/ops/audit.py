@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,7 +40,7 @@ from typing import Any
 import msgspec
 
 from statelog import events
-from statelog.errors import AuditError, StatelogError
+from statelog.errors import AuditError, AuditWarning, StatelogError
 from statelog.format.audit import (
     ANCHOR_NAME,
     ENCODER,
@@ -53,6 +54,7 @@ from statelog.format.audit import (
     parse_anchor,
     seal,
 )
+from statelog.ops import metrics
 from statelog.ops.audit_check import AuditProblem, AuditVerdict, ProblemKind, anchor_problem, check
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import IDENTITY, StoreLayout
@@ -357,8 +359,16 @@ def _on_event(event: events.Event) -> None:
     try:
         AuditTrail(event.store).append(event.kind, event.fields)
     except Exception as exc:
-        # Losing an audit entry must never fail a recovery or a compaction.
+        # Losing an audit entry must never fail a recovery or a compaction,
+        # and must never go unnoticed: a warning shows without logging set up.
         log.error("event=audit_failed store=%s kind=%s error=%r", event.store, event.kind, exc)
+        metrics.AUDIT_FAILURES.labels(metrics.store_label(event.store), event.kind).inc()
+        warnings.warn(
+            f"statelog: the audit trail of {event.store} did not record a {event.kind} "
+            f"event: {exc} (run `statelog audit --verify` on the store)",
+            AuditWarning,
+            stacklevel=2,
+        )
 
 
 def install() -> None:

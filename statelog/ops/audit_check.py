@@ -110,9 +110,12 @@ _NOTED: Final[dict[str, ProblemKind]] = {
 """Problem kinds an ``audit_anchor_mismatch`` note may name."""
 
 
+_ENTRY_START: Final = b'{"seq":'
+
+
 def _looks_torn(tail: bytes) -> bool:
     """A cut-short entry starts like one; a size that landed before its data reads as zeros."""
-    return tail.startswith(b'{"seq":'[: len(tail)]) or not tail.strip(b"\0")
+    return tail.startswith(_ENTRY_START[: len(tail)]) or not tail.strip(b"\0")
 
 
 def _read_lines(data: bytes, path: Path) -> tuple[list[tuple[int, Link]], list[AuditProblem]]:
@@ -138,10 +141,14 @@ def _read_lines(data: bytes, path: Path) -> tuple[list[tuple[int, Link]], list[A
         if not raw.endswith(suffix) or hashlib.sha256(body).hexdigest() != entry.hash:
             why = "the entry's bytes do not match its own hash: it was changed"
             problems.append(AuditProblem(number, entry.seq, "edited", why))
-    if not parsed and (parts or not _looks_torn(torn)):
+    like_entries = any(raw.startswith(_ENTRY_START) for raw in parts)
+    if not parsed and not like_entries and (parts or not _looks_torn(torn)):
+        # Not one line even begins like an entry: another file, not a damaged trail.
+        first = f"; line 1: {problems[0].reason}" if problems else ""
         raise AuditError(
-            f"{path} is not an audit trail: no line is an audit entry",
-            hint="check the path; nothing was changed",
+            f"{path} is not an audit trail: no line begins like an audit entry{first}",
+            hint="keep the file as evidence and move AUDIT.log and AUDIT.head aside: the "
+            "next recovery or compaction starts a new trail; nothing was changed",
         )
     if torn:
         why = (
@@ -232,6 +239,10 @@ def check(
             kind = _NOTED.get(str(note.get("problem")), "edited")
             problems.append(AuditProblem(number, seq, kind, why))
     found = anchor_problem(anchor, last_seq, lambda s: chosen[s][1].hash if s in chosen else None)
+    unreadable = sum(1 for p in problems if p.kind == "unreadable")
+    if found and found[0] == "truncated" and isinstance(anchor, Anchor):
+        # Entries the anchor counts may be the unreadable lines already named, not cut off.
+        found = None if unreadable >= anchor.seq - last_seq else found
     if found is not None:
         where = ANCHOR_NAME if found[0] in ("unreadable", "deleted") else LOG_NAME
         seq_named = anchor.seq if isinstance(anchor, Anchor) else None

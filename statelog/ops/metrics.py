@@ -80,6 +80,12 @@ RECOVERIES: Final = _counter(
     "statelog_recoveries", "Recoveries run by opens (clean, torn-tail, corruption).", "outcome"
 )
 REPLAYED: Final = _counter("statelog_replayed_commits", "Commits replayed by recoveries.")
+LOST_EPOCHS: Final = _counter(
+    "statelog_lost_epochs", "Epochs recoveries found lost to damage (writer opens only)."
+)
+AUDIT_FAILURES: Final = _counter(
+    "statelog_audit_failures", "Events the audit trail failed to record, by kind.", "kind"
+)
 WALKBACKS: Final = _counter("statelog_walkbacks", "Snapshots refused and walked past.", "source")
 MISMATCHES: Final = _counter(
     "statelog_integrity_mismatches", "Stored bytes that failed verification.", "source"
@@ -265,6 +271,9 @@ def _on_event(event: events.Event) -> None:
         replayed = _count(f, "records_replayed")
         if replayed:
             REPLAYED.labels(label).inc(replayed)
+        lost = f.get("lost_epochs")
+        if event.writable and isinstance(lost, list) and len(lost) == 2:
+            LOST_EPOCHS.labels(label).inc(lost[1] - lost[0] + 1)
     elif kind == "walk_back":
         WALKBACKS.labels(label, _text(f, "source")).inc()
     elif kind == "integrity_mismatch":

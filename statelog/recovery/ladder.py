@@ -27,10 +27,16 @@ import os
 import threading
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import BinaryIO
 
-from statelog.errors import CorruptionError, FormatVersionError, ResnapshotRequired
+from statelog.errors import (
+    CorruptionError,
+    DataLossWarning,
+    FormatVersionError,
+    ResnapshotRequired,
+)
 from statelog.events import emit
 from statelog.format.wal import (
     FRAME_HEADER,
@@ -237,6 +243,7 @@ def _announce(root: Path, report: RecoveryReport, *, writable: bool) -> None:
                 bytes_dropped=report.truncated_bytes if reason == "torn" else None,
             )
     lost = report.lost_epochs
+    _warn_if_lossy(root, report)
     emit(
         root,
         "recovery",
@@ -253,6 +260,30 @@ def _announce(root: Path, report: RecoveryReport, *, writable: bool) -> None:
         lost_epochs=[lost.start, lost.stop - 1] if lost else [],
         seconds=round(report.seconds, 6),
         readonly=not writable,
+    )
+
+
+def _warn_if_lossy(root: Path, report: RecoveryReport) -> None:
+    """A :class:`~statelog.errors.DataLossWarning` when the open got less than the files held.
+
+    Shown without any logging set up: lost epochs, and snapshots refused
+    (the open fell back to an older restore point and a longer replay).
+    """
+    refused = [r.path.name for r in report.rejected if r.path.suffix == ".snap"]
+    lost = report.lost_epochs
+    if not lost and not refused and report.outcome is not Outcome.CORRUPTION:
+        return
+    parts = [f"statelog: {root} recovered to epoch {report.epoch}"]
+    if lost:
+        parts.append(f"epochs {lost.start}..{lost.stop - 1} were lost to damage in the log")
+    elif report.outcome is Outcome.CORRUPTION:
+        parts.append("damage in the log was cut off")
+    if refused:
+        parts.append(f"damaged snapshots refused: {', '.join(refused)}")
+    warnings.warn(
+        "; ".join(parts) + " (run `statelog verify` on the store; strict=True raises instead)",
+        DataLossWarning,
+        stacklevel=2,
     )
 
 

@@ -126,6 +126,7 @@ def check_unclaimed(source: Path, copy: Path) -> None:
         raise StorePromotedError(
             f"{copy} was promoted from its source {source} already",
             hint="open it without follow=: it is a writer's store now",
+            cli_hint="it is a writer's store now: nothing to promote",
         )
     raise StorePromotedError(
         f"{source} was taken over by a promoted standby: {_describe(source)}",

@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from statelog.errors import InvalidCommitError, InvalidOptionError, StatelogError, StoreClosedError
+from statelog.errors import (
+    InvalidCommitError,
+    InvalidOptionError,
+    StatelogError,
+    StoreClosedError,
+    UnknownTableError,
+)
 from statelog.sharding.partition import Key, ShardManifest, key_bytes, source_shard
 from statelog.store.store import StateStore
 from statelog.store.validate import check_offsets, check_watermark, table_delta
@@ -94,9 +100,15 @@ class ShardAccess:
     def get(self, key: Key, default: Any = None, table: str = "default") -> Any:
         """The value of ``key`` from its shard (a fresh object), or ``default``.
 
+        :raises UnknownTableError: no shard has ``table`` and it is not declared.
         :raises ShardOpenError: the key's shard is unavailable.
         """
-        return self.shard(self.shard_for(key)).get(key, default, table)
+        shard = self.shard(self.shard_for(key))
+        try:
+            return shard.get(key, default, table)
+        except UnknownTableError:  # another shard may have it: the table is the store's
+            self._check_table(table)
+            return default
 
     def items(self, table: str = "default", prefix: Key | None = None) -> Iterator[tuple[Key, Any]]:
         """``(key, value)`` pairs of ``table`` across every shard, in store key order.
@@ -104,20 +116,37 @@ class ShardAccess:
         Each shard's pairs are taken when iteration starts; the merged view is
         not one point in time across shards (commits are per shard).
 
+        :raises UnknownTableError: no shard has ``table`` and it is not declared.
         :raises ShardOpenError: a shard is unavailable.
         """
-        parts = [s.items(table, prefix) for s in self._every()]
+        self._check_table(table)
+        shards = [s for s in self._every() if s.has_table(table)]
+        parts = [s.items(table, prefix) for s in shards]
         if self.manifest.partition == "range":
             return itertools.chain.from_iterable(parts)  # shard i's keys all sort before i+1's
         return heapq.merge(*parts, key=lambda kv: key_bytes(kv[0]))
 
     def count(self, table: str = "default") -> int:
-        """Live keys of ``table`` summed over every shard."""
-        return sum(s.count(table) for s in self._every())
+        """Live keys of ``table`` summed over every shard.
+
+        :raises UnknownTableError: no shard has ``table`` and it is not declared.
+        """
+        self._check_table(table)
+        return sum(s.count(table) for s in self._every() if s.has_table(table))
 
     def tables(self) -> list[str]:
-        """Names of the tables written in any shard, sorted."""
+        """Names of the tables written in any shard or declared, sorted."""
         return sorted({t for s in self._every() for t in s.tables()})
+
+    def has_table(self, table: str) -> bool:
+        """Whether ``table`` may be read: some shard has it, or it is declared, or ``"default"``."""
+        return any(s.has_table(table) for s in self._every())
+
+    def _check_table(self, table: str) -> None:
+        """:raises UnknownTableError: no shard has ``table``; the message lists the tables."""
+        if not self.has_table(table):
+            known = ", ".join(self.tables())
+            raise UnknownTableError(f"table {table!r} does not exist in {self.root} ({known})")
 
     @property
     def epochs(self) -> dict[int, int]:

@@ -105,7 +105,10 @@ class SinkedStore:
         Marks move with the state: after a walk-back they are those of the
         recovered epoch, even though the sink may hold later rows.
         """
-        mark = self.store.get(output_id, table=self.marks_table)
+        store = self.store
+        if not store.has_table(self.marks_table):  # nothing applied through this sink yet
+            return None
+        mark = store.get(output_id, table=self.marks_table)
         return mark if isinstance(mark, int) else None
 
     def commit(

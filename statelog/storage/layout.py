@@ -17,6 +17,7 @@ suffixes; ``docs/format.md`` specifies every file.
 from __future__ import annotations
 
 import json
+import os
 import re
 import uuid
 from dataclasses import dataclass
@@ -88,10 +89,18 @@ _KNOWN_PREFIXES = ("AUDIT.log.broken",)
 _KIND = "statelog-store"
 STORE_VERSION = 1
 """Version of the directory layout and IDENTITY; segments carry their own format version."""
-_IDENTITY_HINT = (
-    "restore IDENTITY from a backup of this store (it never changes after creation); "
-    "nothing was changed"
-)
+
+
+def _identity_hint(repair: str = "") -> str:
+    """What to do about a damaged ``IDENTITY``; ``repair``: one more way, for this damage."""
+    return (
+        "IDENTITY holds the store's id, which every segment and snapshot repeats, and never "
+        "changes after creation: restore it from a backup of this store, or restore the "
+        "store from its remote copy into a new directory (`statelog restore SOURCE NEW_DIR`)"
+        f"{repair}; `statelog verify STORE` checks the result; nothing was changed"
+    )
+
+
 MAX_JSON_BYTES = 1 << 20
 """The largest small JSON file statelog parses (``IDENTITY``, ``SHARDS``, a pin)."""
 MAX_JSON_DEPTH = 16
@@ -178,11 +187,13 @@ class StoreLayout:
                 return
 
     def read_identity(self, files: FileLayer) -> uuid.UUID:
-        """The store id from ``IDENTITY``.
+        """The store id from ``IDENTITY``, checked against the log's segment headers.
 
         :raises StoreNotFoundError: no identity file.
         :raises FormatVersionError: a store format newer than this code reads.
-        :raises CorruptionError: the identity file is unreadable.
+        :raises CorruptionError: the identity file is unreadable, or it names
+            another store than every segment header that verifies (no open
+            could use the log); the hint names the id the log holds, if one.
         :raises StorageError: an I/O error reading it (never taken for damage).
         :raises NotAStoreError: the path is a file.
         """
@@ -197,16 +208,50 @@ class StoreLayout:
             doc = parse_json_doc(raw)
             kind, version, sid = doc["kind"], doc["version"], uuid.UUID(doc["store_id"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CorruptionError(
-                self.identity, 0, f"unreadable identity file: {exc}", hint=_IDENTITY_HINT
-            ) from exc
+            raise self._damaged(f"unreadable identity file: {exc}") from exc
         if kind != _KIND or not isinstance(version, int) or isinstance(version, bool):
-            raise CorruptionError(
-                self.identity, 0, f"not a statelog identity: {doc!r:.200}", hint=_IDENTITY_HINT
-            )
+            raise self._damaged(f"not a statelog identity: {doc!r:.200}")
         if version != STORE_VERSION:
             raise FormatVersionError(self.identity, version, STORE_VERSION)
+        theirs = self._log_store_ids(sid)
+        if len(theirs) == 1:
+            raise self._damaged(
+                f"names store {sid}, but every segment in wal/ belongs to store {theirs.pop()}"
+            )
         return sid
+
+    def _damaged(self, reason: str) -> CorruptionError:
+        """The error for a damaged ``IDENTITY``; the hint offers the log's id, if it has one."""
+        ids = self._log_store_ids(None)
+        repair = ""
+        if len(ids) == 1:
+            doc = json.dumps({"kind": _KIND, "version": STORE_VERSION, "store_id": str(ids.pop())})
+            repair = f"; or, if only IDENTITY was lost or damaged, write the log's id back: {doc}"
+        return CorruptionError(self.identity, 0, reason, hint=_identity_hint(repair))
+
+    def _log_store_ids(self, sid: uuid.UUID | None) -> set[uuid.UUID]:
+        """The store ids the verified segment headers of ``wal/`` name, or none at all
+        as soon as one names ``sid`` (usually the first looked at)."""
+        ids: set[uuid.UUID] = set()
+        try:
+            entries = list(os.scandir(self.wal))
+        except OSError:
+            return ids  # no log to disagree with; recovery reports a missing one
+        for entry in entries:
+            if parse_segment_name(entry.name) is None:
+                continue
+            try:
+                with open(entry.path, "rb") as fh:
+                    raw = fh.read(HEADER_SIZE)
+            except OSError:
+                continue
+            if SegmentHeader.peek_version(raw) is None or not SegmentHeader.crc_ok(raw):
+                continue
+            header = SegmentHeader.unpack(raw)
+            if header.store_id == sid:
+                return set()
+            ids.add(header.store_id)
+        return ids
 
     def create(self, files: FileLayer) -> uuid.UUID:
         """Create the directories, the first segment and the identity of a new store.
@@ -226,12 +271,8 @@ class StoreLayout:
         leftovers = [p for p in self.wal.iterdir() if parse_segment_name(p) is not None]
         for p in leftovers:
             if p.stat().st_size > HEADER_SIZE:
-                raise CorruptionError(
-                    self.identity,
-                    0,
-                    "segments hold records but the identity file is missing",
-                    hint="restore IDENTITY from a backup; statelog never adopts an unknown log",
-                )
+                # Never adopted silently: only a person may write the log's id back.
+                raise self._damaged("segments hold records but the identity file is missing")
         for p in leftovers:
             files.remove(p)  # empty segments of a creation that did not finish
         sid = uuid.uuid4()

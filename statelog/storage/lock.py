@@ -5,7 +5,8 @@ writer has the store open, and holds the holder's pid for error messages
 and for operators. The kernel releases a flock when its holder dies,
 so a SIGKILLed writer never leaves a stale lock behind. Each open of the
 file is its own lock owner, so a second ``statelog.open`` of the same store
-in the same process is refused too.
+in the same process is refused too: with an error that says so, since the
+pid in the file is then the caller's own.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from statelog.errors import StatelogError, StoreLockedError
 __all__ = ["PidLock", "StoreLock"]
 
 LOCK_NAME = "LOCK"
+
+# (device, inode) of every lock file held here -> the holder's pid: a loser
+# whose file is in here lost to its own process, not to another one (the pid
+# tells a child forked with the parent's table from the parent).
+_held_here: dict[tuple[int, int], int] = {}
 
 
 def _read_pid(fd: int) -> int | None:
@@ -46,10 +52,13 @@ class PidLock:
         self.path = store / self.name
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
+            st = os.fstat(fd)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             pid = _read_pid(fd)
             os.close(fd)
+            if _held_here.get((st.st_dev, st.st_ino)) == os.getpid():
+                raise self.locked_here(store) from None
             raise self.locked(store, pid) from None
         except BaseException:
             os.close(fd)
@@ -57,10 +66,16 @@ class PidLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd: int | None = fd
+        self._key = (st.st_dev, st.st_ino)
+        _held_here[self._key] = os.getpid()
 
     def locked(self, store: Path, pid: int | None) -> StatelogError:
         """The error for a process that finds the lock taken."""
         return StoreLockedError(store, pid)
+
+    def locked_here(self, store: Path) -> StatelogError:
+        """The error for a second lock of the same file by the process that holds it."""
+        return self.locked(store, os.getpid())
 
     @property
     def held(self) -> bool:
@@ -70,6 +85,7 @@ class PidLock:
         """Clear the pid and drop the lock. Idempotent."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
+            _held_here.pop(self._key, None)
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
             os.close(fd)
@@ -79,3 +95,6 @@ class StoreLock(PidLock):
     """The single writer's lock, ``STORE/LOCK``: a second writer gets StoreLockedError."""
 
     name = LOCK_NAME
+
+    def locked_here(self, store: Path) -> StatelogError:
+        return StoreLockedError(store, os.getpid(), this_process=True)

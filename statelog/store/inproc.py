@@ -116,7 +116,8 @@ class _ProcessCompactor:
     def _watch_exit(self, store: Path) -> None:
         code = self._proc.wait()
         if not self._stopping:
-            why = "another compactor holds the store" if code == 3 else "see its log"
+            # 4: busy, in the exit-status table the daemon shares with `statelog`
+            why = "another compactor holds the store" if code == 4 else "see its log"
             log.warning(
                 "store=%s event=compactor_process_exited code=%d reason=%r", store, code, why
             )

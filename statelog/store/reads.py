@@ -8,12 +8,14 @@ changes feed reads the log instead (:mod:`statelog.log.changes`).
 
 from __future__ import annotations
 
+import difflib
 import threading
 from collections.abc import Generator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from statelog.errors import UnknownTableError
 from statelog.log.changes import Change, read_changes
 from statelog.recovery.readonly import ReadOnlyRecovery
 from statelog.recovery.timeline import epoch_at
@@ -34,6 +36,7 @@ class StoreReads:
     _writer: StoreWriter | None
     _ro: ReadOnlyRecovery | None
     _closed: bool
+    _known_tables: set[str]  # "default", the declared tables, and those seen to exist
 
     @property
     def durable_epoch(self) -> int:
@@ -78,9 +81,12 @@ class StoreReads:
     def get(self, key: Key, default: Any = None, table: str = "default") -> Any:
         """The value of ``key`` in ``table`` (a fresh object), or ``default``.
 
+        :raises UnknownTableError: ``table`` was never written nor declared (``tables=``).
         :raises CorruptionError: the stored value does not decode (damage past every check).
         """
         with self._view:
+            if table not in self._known_tables:
+                self._check_table(table)
             raw = self._state.get(table, key)
         return default if raw is None else read_value(raw, self.path, table, key)
 
@@ -90,22 +96,57 @@ class StoreReads:
         The pairs are taken at the call, so later commits do not show up
         mid-iteration; values are decoded as they are yielded.
 
+        :raises UnknownTableError: ``table`` was never written nor declared (``tables=``),
+            at the call.
         :raises CorruptionError: a stored value does not decode (as :meth:`get`).
         """
         with self._view:
+            if table not in self._known_tables:
+                self._check_table(table)
             pairs = list(self._state.items(table, prefix))
+        return self._decoded(table, pairs)
+
+    def _decoded(self, table: str, pairs: list[tuple[Key, bytes]]) -> Iterator[tuple[Key, Any]]:
         for k, raw in pairs:
             yield k, read_value(raw, self.path, table, k)
 
     def count(self, table: str = "default") -> int:
-        """Number of live keys in ``table``."""
+        """Number of live keys in ``table``.
+
+        :raises UnknownTableError: ``table`` was never written nor declared (``tables=``).
+        """
         with self._view:
+            if table not in self._known_tables:
+                self._check_table(table)
             return self._state.count(table)
 
     def tables(self) -> list[str]:
-        """Names of the tables that have ever been written."""
+        """Names of the tables that were ever written or are declared (``tables=``), sorted."""
         with self._view:
-            return self._state.tables()
+            return sorted({*self._state.tables(), *self._options.tables})
+
+    def has_table(self, table: str) -> bool:
+        """Whether ``table`` may be read: it was written, is declared, or is ``"default"``."""
+        with self._view:
+            return table in self._known_tables or table in self._state.tables()
+
+    def _check_table(self, table: str) -> None:
+        """Remember ``table`` as known once it exists; the caller holds the view lock.
+
+        :raises UnknownTableError: it does not: the message lists the tables there are.
+        """
+        names = self._state.tables()
+        if table in names:
+            self._known_tables.add(table)
+            return
+        known = sorted({*names, *self._known_tables})
+        close = difflib.get_close_matches(str(table), known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UnknownTableError(
+            f"table {table!r} does not exist in {self.path} (tables: {', '.join(known)})",
+            hint=hint + "declare the tables the code reads before it first writes them: "
+            "statelog.open(path, tables=(...))",
+        )
 
     def changes(
         self, since: int = 0, *, follow: bool = False, poll: timedelta | float = 0.5

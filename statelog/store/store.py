@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from statelog.errors import (
+    EpochNotCommittedError,
     InvalidCommitError,
     ReadOnlyStoreError,
     StatelogError,
@@ -57,7 +58,13 @@ from statelog.store.options import Durability, StoreOptions, check_store_path, r
 from statelog.store.reads import StoreReads
 from statelog.store.standby_role import StandbyRole
 from statelog.store.transaction import Transaction
-from statelog.store.validate import ENCODE_ERRORS, check_offsets, check_watermark, table_delta
+from statelog.store.validate import (
+    ENCODE_ERRORS,
+    check_offsets,
+    check_wait,
+    check_watermark,
+    table_delta,
+)
 from statelog.store.writer import StoreWriter
 from statelog.store.writer_open import open_writer
 
@@ -120,6 +127,7 @@ class StateStore(StoreReads, StandbyRole):
         metrics.install()  # before recovery, so the recovery's events are counted
         self.readonly = opts.readonly
         self._options = opts
+        self._known_tables = {"default", *opts.tables}
         self._lock = threading.Lock()  # serialises commits and close
         self._view = threading.Lock()  # makes each applied commit visible whole
         self._closed = False
@@ -179,17 +187,18 @@ class StateStore(StoreReads, StandbyRole):
     # -- writing ---------------------------------------------------------
     def commit(
         self,
-        *,
-        offsets: Mapping[str, int],
-        low_watermark_ms: int,
         put: Puts = _EMPTY,
+        *,
         delete: Iterable[Key] = (),
+        offsets: Mapping[str, int] | None = None,
+        low_watermark_ms: int | None = None,
         table: str = "default",
     ) -> int:
         """Commit one atomic checkpoint: offset advances, the watermark and one table's delta.
 
-        ``offsets`` updates the named partitions (others keep their offset).
-        Durable on return with ``durability="commit"``.
+        ``offsets`` updates the named partitions (others keep their offset;
+        omitted: none change); ``low_watermark_ms`` omitted keeps the
+        watermark. Durable on return with ``durability="commit"``.
 
         :returns: the new epoch, the previous epoch + 1.
         :raises InvalidCommitError: bad input; nothing was written.
@@ -200,8 +209,9 @@ class StateStore(StoreReads, StandbyRole):
         with self._lock:
             self._check_writable()
             state = self._state
-            offs = check_offsets(offsets, state.offsets)
-            wm = check_watermark(low_watermark_ms, state.low_watermark_ms)
+            offs = {} if offsets is None else check_offsets(offsets, state.offsets)
+            wm = state.low_watermark_ms if low_watermark_ms is None else low_watermark_ms
+            wm = check_watermark(wm, state.low_watermark_ms)
             return self._append(offs, wm, [table_delta(table, put, delete)], started)
 
     def transaction(self) -> Transaction:
@@ -295,11 +305,23 @@ class StateStore(StoreReads, StandbyRole):
     def wait_durable(self, epoch: int, timeout: timedelta | float | None = None) -> bool:
         """Block until commit ``epoch`` is durable; False if ``timeout`` passed first.
 
+        ``timeout`` is a timedelta or seconds (None: no limit).
+
+        :raises EpochNotCommittedError: a writer's ``epoch`` is beyond its last
+            commit (it would never become durable); the message names the latest.
+            A read-only store answers whether it holds ``epoch``, without waiting.
+        :raises InvalidOptionError: ``epoch`` is not an int, or ``timeout`` is negative.
         :raises StorageError: a background sync failed before ``epoch`` was durable.
         """
-        if self._writer is None:
-            return epoch <= self._state.epoch
-        return self._writer.wait_durable(epoch, timeout)
+        secs = check_wait(epoch, timeout)
+        latest = self._state.epoch
+        if self._writer is None:  # a reader's state moves only with a standby: no waiting
+            return epoch <= latest
+        if epoch > latest:
+            raise EpochNotCommittedError(
+                f"epoch {epoch} was not committed: the latest epoch of {self.path} is {latest}"
+            )
+        return self._writer.wait_durable(epoch, secs)
 
     # -- closing ---------------------------------------------------------
     def close(self) -> None:

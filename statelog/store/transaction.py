@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from statelog.errors import InvalidCommitError
 from statelog.format.records import CommitRecord, TableDelta, encode_record, encode_value
+from statelog.format.values import VALUE_TYPES
 from statelog.state.live import Key
 from statelog.store.validate import (
     ENCODE_ERRORS,
@@ -70,7 +71,8 @@ class Transaction:
             t[k] = encode_value(value)
         except ENCODE_ERRORS as exc:
             raise InvalidCommitError(
-                f"value of key {key!r} in table {table!r} cannot be encoded as msgpack: {exc}"
+                f"value of key {key!r} in table {table!r} cannot be stored: {exc}",
+                hint=f"store only {VALUE_TYPES} (tuples come back as lists)",
             ) from exc
 
     def delete(self, key: Key, *, table: str = "default") -> None:

@@ -9,11 +9,13 @@ live state and (later) the base snapshot.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import timedelta
 from typing import Any
 
-from statelog.errors import InvalidCommitError
+from statelog.errors import InvalidCommitError, InvalidOptionError
 from statelog.format.limits import MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, table_name_problem
 from statelog.format.records import TableDelta, encode_value
+from statelog.format.values import VALUE_TYPES
 from statelog.state.live import Key
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "check_key",
     "check_offsets",
     "check_table_name",
+    "check_wait",
     "check_watermark",
     "table_delta",
 ]
@@ -114,9 +117,9 @@ def table_delta(name: Any, put: Mapping[Any, Any], delete: Iterable[Any]) -> Tab
     except ENCODE_ERRORS as exc:
         bad = next(k for k, v in put.items() if not _encodes(v))
         raise InvalidCommitError(
-            f"value of key {bad!r} in table {name!r} cannot be encoded as msgpack: {exc}",
-            hint="store only msgpack-able values (None, bool, int, float, str, bytes, "
-            "lists, dicts, datetimes); nothing was written",
+            f"value of key {bad!r} in table {name!r} cannot be stored: {exc}",
+            hint=f"store only {VALUE_TYPES} (tuples come back as lists), "
+            "converting anything else first; nothing was written",
         ) from exc
     try:
         deletes = _strict_keys(delete, name)
@@ -187,3 +190,21 @@ def check_watermark(wm: Any, current: int) -> int:
             hint="the low watermark only advances; pass store.low_watermark_ms to keep it",
         )
     return int(wm)
+
+
+def check_wait(epoch: Any, timeout: Any) -> float | None:
+    """``wait_durable``'s arguments: the timeout in seconds, or None for no limit.
+
+    :raises InvalidOptionError: ``epoch`` is not an int, or ``timeout`` is
+        neither None, a timedelta nor a number of seconds >= 0.
+    """
+    if epoch.__class__ is not int:
+        raise InvalidOptionError(f"epoch={epoch!r}", hint="an epoch that commit() returned")
+    secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if secs is None:
+        return None
+    if secs.__class__ not in (int, float) or not 0 <= secs < float("inf"):
+        raise InvalidOptionError(
+            f"timeout={timeout!r}", hint="a timedelta or seconds >= 0, or None"
+        )
+    return float(secs)

@@ -23,6 +23,7 @@ which Faust replays from the changelog topic after the persisted offset.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -90,7 +91,8 @@ class Store(SerializedStore):  # type: ignore[type-arg]
         if store is None:
             path = self.partition_path(partition)
             path.parent.mkdir(parents=True, exist_ok=True)
-            store = self._stores[partition] = open_store(path, options=self.where.options)
+            options = dataclasses.replace(self.where.options, tables=(TABLE,))
+            store = self._stores[partition] = open_store(path, options=options)
         return store
 
     def _event_partition(self) -> int | None:

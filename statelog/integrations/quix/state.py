@@ -26,6 +26,7 @@ Layout inside the statelog store:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -82,7 +83,10 @@ class QuixState:
         """
         if self._store is None:
             self.path.mkdir(parents=True, exist_ok=True)
-            self._store = open_store(self.path, options=self.options)
+            options = self.options
+            if CHANGELOG_TABLE not in options.tables:
+                options = dataclasses.replace(options, tables=(*options.tables, CHANGELOG_TABLE))
+            self._store = open_store(self.path, options=options)
         return self._store
 
     @property
@@ -110,7 +114,10 @@ class QuixState:
     # -- reads -----------------------------------------------------------
     def get(self, table: str, key: bytes) -> bytes | None:
         """The committed value of ``key`` in ``table``; None if absent."""
-        value = self.store.get(key, table=table)
+        st = self.store
+        if not st.has_table(table):  # a column family nothing was written to yet
+            return None
+        value = st.get(key, table=table)
         return None if value is None else bytes(value)
 
     def changelog_offset(self, stream_id: str | None, store: str, partition: int) -> int | None:

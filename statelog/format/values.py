@@ -1,0 +1,123 @@
+"""The codec of stored values: which Python values statelog keeps, and how they round-trip.
+
+A value is stored as one msgpack object (``docs/format.md``, "Values").
+Every value of these types comes back equal and of the same type:
+
+=====================  ==============================================
+``None``, ``bool``     msgpack nil, true, false
+``int``                msgpack int (-2**63 .. 2**64-1)
+``float``              msgpack float 64
+``str``, ``bytes``     msgpack str (UTF-8), bin
+``list``               msgpack array
+``tuple``              msgpack array: comes back as a ``list``
+``dict``               msgpack map; keys ``None``, bool, int, float, str or bytes
+``datetime``           ext 1: ``isoformat()`` as UTF-8, naive or aware
+``date``               ext 2: ``isoformat()`` as UTF-8
+``Decimal``            ext 3: ``str()`` as UTF-8 (precision and sign kept)
+=====================  ==============================================
+
+An aware ``datetime`` comes back with a fixed UTC offset
+(:class:`datetime.timezone`) equal to its own at that instant: the same
+wall time, offset and instant, but not the same ``ZoneInfo`` object. Anything
+else (sets, subclasses such as enums or a pandas ``Timestamp``, dataclasses,
+``time``, ``timedelta``, UUIDs) is refused at commit: msgpack would keep it
+only as a string or a list, and a reader would get another type back.
+
+Values written before the extensions existed decode as they did: an aware
+``datetime`` stored as the msgpack timestamp extension (-1) comes back in UTC.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "EXT_DATE",
+    "EXT_DATETIME",
+    "EXT_DECIMAL",
+    "VALUE_TYPES",
+    "decode_value",
+    "encode_value",
+]
+
+EXT_DATETIME = 1
+EXT_DATE = 2
+EXT_DECIMAL = 3
+
+_PLAIN = frozenset((int, str, float, bytes, bool, type(None)))
+VALUE_TYPES = "None, bool, int, float, str, bytes, list, tuple, dict, datetime, date, Decimal"
+"""The stored value types, as the commit's error message names them."""
+
+_MAX_EXT_TEXT = 64  # the longest isoformat() of a datetime is 32 characters
+
+
+def _convert(v: Any) -> Any:
+    """``v`` with datetimes, dates and Decimals as extensions; a TypeError names what cannot be."""
+    c = v.__class__
+    if c in _PLAIN:
+        return v
+    if c is dict:
+        return {_key(k): _convert(x) for k, x in v.items()}
+    if c is list or c is tuple:
+        return [_convert(x) for x in v]
+    if c is datetime:
+        return msgspec.msgpack.Ext(EXT_DATETIME, v.isoformat().encode())
+    if c is date:
+        return msgspec.msgpack.Ext(EXT_DATE, v.isoformat().encode())
+    if c is Decimal:
+        return msgspec.msgpack.Ext(EXT_DECIMAL, str(v).encode())
+    raise TypeError(f"a {c.__module__}.{c.__qualname__} is not a stored value type")
+
+
+def _key(k: Any) -> Any:
+    if k.__class__ in _PLAIN:
+        return k
+    c = k.__class__
+    raise TypeError(f"a map key of type {c.__module__}.{c.__qualname__} is not stored")
+
+
+_encode = msgspec.msgpack.Encoder().encode
+
+
+def encode_value(v: Any) -> bytes:
+    """Encode one user value to its stored msgpack bytes.
+
+    :raises TypeError: a type outside the stored set (the message names it).
+    :raises OverflowError: an int outside msgpack's range.
+    :raises RecursionError: nesting too deep, or a cycle.
+    """
+    if v.__class__ in _PLAIN:
+        return _encode(v)
+    return _encode(_convert(v))
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    """Decode one extension; bytes that do not parse raise ValueError, as bad msgpack does."""
+    if code == EXT_DECIMAL:
+        try:
+            return Decimal(bytes(data).decode("ascii"))
+        except (UnicodeDecodeError, InvalidOperation):
+            raise ValueError("extension 3 holds no decimal") from None
+    if code not in (EXT_DATETIME, EXT_DATE) or len(data) > _MAX_EXT_TEXT:
+        raise ValueError(f"extension {code} of {len(data)} bytes is not a stored value type")
+    text = bytes(data).decode("ascii", "replace")
+    parse = datetime.fromisoformat if code == EXT_DATETIME else date.fromisoformat
+    return parse(text)  # ValueError when it does not parse
+
+
+_decode = msgspec.msgpack.Decoder(ext_hook=_ext_hook).decode
+
+
+def decode_value(data: bytes | memoryview) -> Any:
+    """Decode one stored value back to Python objects (a fresh copy each call).
+
+    :raises msgspec.DecodeError: ``data`` is not one valid msgpack object.
+    :raises ValueError: an extension that does not parse, or of an unknown code.
+    :raises RecursionError: nesting too deep. Bytes from a record or snapshot
+        that passed its checks never raise.
+    """
+    return _decode(data)
