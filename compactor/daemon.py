@@ -22,7 +22,7 @@ Life of the daemon, in order:
    ship, compact, ship (:func:`statelog.remote.ship`; shipping first means
    local retention never deletes a segment the remote lacks, and a ship
    that fails fails the pass before it compacts); and a thread ships every
-   store every half ``--max-ship-lag`` beside the passes
+   store every quarter ``--max-ship-lag`` beside the passes
    (:class:`compactor.shipping.ShipLoop`). Then sleep ``--interval``
    seconds, unless some pass of the round wrote a snapshot: the writer may
    have sealed more log meanwhile, so the next round starts at once, and a

@@ -270,8 +270,8 @@ def _add_remote_options(p: argparse.ArgumentParser) -> None:
         type=duration_arg,
         default=timedelta(seconds=1),
         metavar="DURATION",
-        help="with --remote: ship what the writers sealed every half of DURATION, in a "
+        help="with --remote: ship what the writers sealed every quarter of DURATION, in a "
         "thread beside the passes; writers of shipped stores seal their active segment once its "
-        "oldest commit is this old (their max_ship_lag, 1s unless set), so an acknowledged "
+        "oldest commit is half their max_ship_lag old (1s unless set), so an acknowledged "
         "commit reaches the bucket within about DURATION (default: 1s)",
     )

@@ -1,9 +1,9 @@
 """The daemon's shipping: one store to ``--remote``, and shipping between passes.
 
-Shipping runs in a thread of its own every half ``--max-ship-lag``, beside
-the passes (which stay ``--interval`` apart), so what the writers seal by
-age reaches the bucket within about ``--max-ship-lag`` even while a long
-pass runs.
+Shipping runs in a thread of its own every quarter ``--max-ship-lag``, beside
+the passes (which stay ``--interval`` apart): the writers seal by age at
+half their bound, so what they commit reaches the bucket within about
+``--max-ship-lag`` even while a long pass runs.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 
 
 class ShipLoop:
-    """Ships every store the daemon holds every half ``--max-ship-lag``, in a thread of its own.
+    """Ships every store the daemon holds every quarter ``--max-ship-lag``, in a thread of its own.
 
     A compaction pass can take seconds; shipping beside it, not between
     passes, keeps what the writers seal by age reaching the bucket within the
@@ -70,7 +70,7 @@ class ShipLoop:
             ship_store(store, self._args, self._files, self._client)
 
     def _run(self) -> None:
-        period = self._args.max_ship_lag.total_seconds() / 2
+        period = self._args.max_ship_lag.total_seconds() / 4
         while not self._stop.wait(period):
             for store in self._stores():
                 if self._stop.is_set():

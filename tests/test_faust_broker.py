@@ -75,7 +75,7 @@ def _rows(datadir: Path) -> dict[str, dict[str, Any]]:
     for path in sorted((datadir / "tables").glob(f"{faust_app.TABLE}-*.statelog")):
         with (
             contextlib.suppress(statelog.StoreNotFoundError),
-            statelog.open(path, readonly=True) as store,
+            statelog.open(path, readonly=True, tables=("faust",)) as store,
         ):
             for key, value in store.items("faust"):
                 assert isinstance(key, bytes) and isinstance(value, bytes)
@@ -195,7 +195,7 @@ def test_the_example_runs_against_the_broker(kafka: Broker, tmp_path: Path) -> N
             for path in tables.glob("tables/rows-*.statelog"):
                 with (
                     contextlib.suppress(statelog.StoreNotFoundError),
-                    statelog.open(path, readonly=True) as store,
+                    statelog.open(path, readonly=True, tables=("faust",)) as store,
                 ):
                     total += sum(json.loads(v)["count"] for _, v in store.items("faust"))
             return total

@@ -5,10 +5,11 @@ appended to, and an object in the bucket never changes. A segment is sealed
 when it reaches ``segment_bytes``, so a writer committing a few kilobytes a
 second could keep its commits on the host for hours. :class:`AgeSealer`
 bounds that time: a thread beside the writer seals the active segment once
-its oldest unsealed record is ``max_ship_lag`` old (the next commit starts
-a new segment), and the shipper, which runs at least that often, uploads it.
-A recovery point after host loss is then about ``max_ship_lag`` plus the
-shipper's period and one upload.
+its oldest unsealed record is half ``max_ship_lag`` old (the next commit
+starts a new segment), and the shipper, which runs every quarter of its own
+bound, uploads it. The other half of the bound is the shipper's period and
+one upload, so an acknowledged commit reaches the bucket within about
+``max_ship_lag`` (``docs/remote.md``, "A recovery point in seconds").
 
 With ``max_ship_lag=None`` (the default) the bound applies only to a store
 that is shipped: opened with ``remote=``, or found to hold the shipper's
@@ -28,19 +29,23 @@ from statelog.errors import StatelogError
 from statelog.log.writer import WalWriter
 from statelog.storage.layout import REMOTE_RECORD
 
-__all__ = ["DEFAULT_MAX_SHIP_LAG", "AgeSealer"]
+__all__ = ["DEFAULT_MAX_SHIP_LAG", "SEAL_AT", "AgeSealer"]
 
 log = logging.getLogger("statelog.wal")
 
 DEFAULT_MAX_SHIP_LAG = timedelta(seconds=1)
 """The bound of a shipped store opened without ``max_ship_lag``."""
 
+SEAL_AT = 0.5
+"""The fraction of the bound at which the active segment is sealed: the rest
+is left to the shipper's period (a quarter of its bound) and the upload."""
+
 _LOOK_FOR_SHIPPER = 1.0
 """Seconds between looks for the shipper's record when the bound is automatic."""
 
 
 class AgeSealer:
-    """A daemon thread sealing ``wal``'s active segment once its records are ``bound`` old.
+    """A daemon thread sealing ``wal``'s active segment once its records are half ``bound`` old.
 
     ``bound`` None: automatic (module docstring). It takes ``commits`` (the
     store's commit lock) for each check, so a seal never interleaves with an
@@ -87,12 +92,12 @@ class AgeSealer:
         while True:
             self._look_for_shipper()
             bound = self.bound
-            period = 0.25 if bound is None else min(0.25, bound.total_seconds() / 4)
+            period = 0.25 if bound is None else min(0.25, bound.total_seconds() * SEAL_AT / 4)
             if self._stop.wait(period):
                 return
             if bound is not None:
                 try:
-                    self.check(bound.total_seconds())
+                    self.check(bound.total_seconds() * SEAL_AT)
                 except StatelogError as exc:
                     log.warning("event=age_seal_failed error=%r", exc.message)
                 except Exception as exc:  # a bug must not end the sealing silently
