@@ -14,6 +14,7 @@ A sampler restores from the bucket about once a second (``statelog.remote.restor
 how long the oldest acknowledged checkpoint the bucket lacked had waited
 (0 when it had them all). After the run: the bytes in the bucket, its
 objects, and a timed restore of the whole state, its content checked.
+SlateDB's side of the same workload is :mod:`benchmarks.anchor_slatedb`.
 """
 
 from __future__ import annotations

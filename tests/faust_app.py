@@ -11,7 +11,13 @@ skipped, so the table's final state is exact whatever the crashes.
 Configured by the environment: ``FAUST_APP_BROKER`` (host:port),
 ``FAUST_APP_DIR`` (data directory), ``FAUST_APP_PREFIX`` (topic and app id
 prefix), ``FAUST_APP_STORE`` (``statelog`` or ``rocksdb``),
-``FAUST_APP_STORE_OPTIONS`` (the statelog URL's query), and for the benchmark
+``FAUST_APP_STORE_OPTIONS`` (the statelog URL's query); faults for the tests:
+``FAUST_APP_DROP_STATE_AFTER=N``: once a Kafka commit of the source passes
+offset N (summed over partitions), no write reaches statelog any more: table
+writes stay in memory, where reads see them (a write-back buffer never
+flushed), changelog batches and persisted offsets are dropped; the next Kafka
+commit SIGKILLs the worker: Kafka has offsets whose state statelog never got;
+``FAUST_APP_LOSE_KAFKA_COMMIT=1``: Kafka commits are silently dropped; and for the benchmark
 ``FAUST_APP_REPORT``: a JSON file rewritten every 0.2 s with when the worker was
 ready and when it processed its first and last event, and how many.
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -109,7 +116,53 @@ if _REPORT:
         os.replace(tmp, _REPORT)
 
 
+def _install_faults() -> None:
+    drop_after = int(os.environ.get("FAUST_APP_DROP_STATE_AFTER", "0"))
+    lose = os.environ.get("FAUST_APP_LOSE_KAFKA_COMMIT") == "1"
+    if not (drop_after or lose):
+        return
+    from faust.transport.consumer import Consumer
+
+    from statelog.integrations.faust.store import Store
+
+    real_commit = Consumer._commit_offsets
+    dropping = [False]
+
+    async def commit_offsets(self: Any, offsets: Any, start_new_transaction: bool = True) -> bool:
+        if lose:
+            return True
+        did: bool = await real_commit(self, offsets, start_new_transaction)
+        if did and dropping[0]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if did and sum(o for tp, o in offsets.items() if tp.topic == IN_TOPIC) > drop_after:
+            dropping[0] = True
+        return did
+
+    Consumer._commit_offsets = commit_offsets  # type: ignore[method-assign]
+    unflushed: dict[bytes, bytes | None] = {}
+    real_get, real_set = Store._get, Store._set
+
+    def get(self: Any, key: bytes) -> bytes | None:
+        return unflushed[key] if key in unflushed else real_get(self, key)
+
+    def set_(self: Any, key: bytes, value: bytes | None) -> None:
+        if dropping[0]:
+            unflushed[key] = value
+        else:
+            real_set(self, key, value)
+
+    Store._get, Store._set = get, set_  # type: ignore[method-assign]
+    for name in ("_del", "set_persisted_offset", "flush_offsets", "apply_changelog_batch"):
+        real = getattr(Store, name)
+
+        def dropped(self: Any, *a: Any, _real: Any = real, **kw: Any) -> Any:
+            return None if dropping[0] else _real(self, *a, **kw)
+
+        setattr(Store, name, dropped)
+
+
 if __name__ == "__main__":
+    _install_faults()
     level = os.environ.get("FAUST_APP_LOGLEVEL", "warn")
     sys.argv = [sys.argv[0], "worker", "-l", level, "--without-web"]
     app.main()

