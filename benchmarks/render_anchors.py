@@ -114,7 +114,8 @@ def anchors_section(doc: Doc) -> list[str]:
         "loopback S3 server (moto, in the benchmark's process). statelog: "
         '`statelog.open(durability="commit")`, each checkpoint fsynced before it returns, '
         "and `statelog-compactor --remote --max-ship-lag 1s` (the writer seals its segment "
-        "once its oldest commit is 0.5 s old, half the bound; the daemon ships every 0.25 s). SQLite: WAL mode, "
+        "once its oldest commit is 0.5 s old, half the bound; the daemon ships every 0.25 s). "
+        "SQLite: WAL mode, "
         "`synchronous=FULL`, one transaction per checkpoint, `litestream replicate` with a "
         "1 s sync interval. SlateDB (its Python binding): one `WriteBatch` per checkpoint, "
         "`db.write(batch)`, then `db.flush_with_options(FlushOptions(flush_type=FlushType.WAL))` "
