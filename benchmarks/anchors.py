@@ -35,7 +35,7 @@ import statelog
 from statelog.remote import RemoteClient, restore
 from tests.s3server import S3Server
 
-__all__ = ["run_litestream", "run_statelog"]
+__all__ = ["run_litestream", "run_statelog", "run_statelog_unshipped"]
 
 VALUE = b"v" * 100
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,6 +100,28 @@ def _checkpoints(keys: int, seconds: float, commit: Callable[[int, list[str]], o
         commit(n, chunk)
         acks.ack()
     return n
+
+
+def run_statelog_unshipped(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[str, Any]:
+    """statelog's side with nothing shipping: what shipping costs the writer's throughput."""
+    store_dir = work / "statelog-unshipped"
+    with statelog.open(store_dir) as st:
+        for start in range(0, keys, 100_000):
+            chunk = {_key(i): VALUE for i in range(start, min(keys, start + 100_000))}
+            st.commit(offsets={"load": start + 1}, low_watermark_ms=0, put=chunk)
+    acks = _Acks()
+    with statelog.open(store_dir) as st:
+        started = time.monotonic()
+        n = _checkpoints(
+            keys,
+            seconds,
+            lambda i, ks: st.commit(
+                offsets={"ckpt": i}, low_watermark_ms=i, put=dict.fromkeys(ks, VALUE)
+            ),
+            acks,
+        )
+        elapsed = time.monotonic() - started
+    return _result("statelog-unshipped", keys, n, elapsed, acks, 0, 0, float("nan"), n)
 
 
 def run_statelog(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[str, Any]:
@@ -236,5 +258,6 @@ def _result(
         "lag_p50": pct(0.5), "lag_p99": pct(0.99), "lag_max": lags[-1],
         "bucket_bytes": size, "bucket_objects": objects,
         "objects_per_hour": objects / elapsed * 3600, "restore_seconds": restore_s,
+        "bytes_per_checkpoint": size / n if n else float("nan"),
         "restored_checkpoint": restored,
     }  # fmt: skip

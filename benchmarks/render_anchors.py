@@ -15,12 +15,13 @@ from .render_text import Doc, rate, ratio, size, suite, table
 __all__ = ["anchors_section"]
 
 _NAMES = {
-    "statelog": "statelog", "litestream": "Litestream", "slatedb": "SlateDB",
-    "slatedb-local": "SlateDB, local store",
+    "statelog": "statelog", "statelog-unshipped": "statelog, not shipped",
+    "litestream": "Litestream", "slatedb": "SlateDB", "slatedb-local": "SlateDB, local store",
 }  # fmt: skip
 _ON_S3 = ("statelog", "litestream", "slatedb")
 _ACKED = {
-    "statelog": "local fsync", "litestream": "local fsync", "slatedb": "in the bucket",
+    "statelog": "local fsync", "statelog-unshipped": "local fsync (never shipped)",
+    "litestream": "local fsync", "slatedb": "in the bucket",
     "slatedb-local": "in its directory, no fsync",
 }  # fmt: skip
 """What each side's acknowledgement of a checkpoint means (see ``benchmarks/anchors.py`` and
@@ -46,6 +47,7 @@ _ROWS: tuple[tuple[str, str, _Fmt, bool | None], ...] = (
     ("lag p99 s", "lag_p99", _secs, False),
     ("lag max s", "lag_max", _secs, None),
     ("bucket bytes", "bucket_bytes", size, False),
+    ("bucket bytes per checkpoint", "bytes_per_checkpoint", size, False),
     ("objects", "bucket_objects", _count, None),
     ("objects per hour", "objects_per_hour", _count, False),
     ("restore s", "restore_seconds", _secs, False),
@@ -72,6 +74,13 @@ def _wins(runs: dict[str, Doc], label: str, key: str, fmt: _Fmt, higher: bool) -
 
 def _notes(runs: dict[str, Doc]) -> list[str]:
     out = []
+    on, off = runs.get("statelog"), runs.get("statelog-unshipped")
+    if on is not None and off is not None:
+        share = ratio(on["updates_per_s"], off["updates_per_s"])
+        out.append(
+            f"Shipping on, statelog's durable updates/s were {share:.2f}x those of the same "
+            "writer with nothing shipping (the column *statelog, not shipped*), in this run."
+        )
     if "slatedb" in runs:
         out.append(
             "SlateDB's lag is 0 by construction: it acknowledges a checkpoint only once the "
@@ -96,7 +105,10 @@ def _notes(runs: dict[str, Doc]) -> list[str]:
 
 def anchors_section(doc: Doc) -> list[str]:
     """statelog shipping to S3 against SQLite with Litestream and against SlateDB."""
-    runs = {r["system"]: r for r in suite(doc, "anchor_replication")}
+    runs = {
+        r["system"]: {"bytes_per_checkpoint": r["bucket_bytes"] / max(1, r["checkpoints"]), **r}
+        for r in suite(doc, "anchor_replication")
+    }
     order = [s for s in _NAMES if s in runs]
     if not order:
         return []
