@@ -85,7 +85,7 @@ def _notes(runs: dict[str, Doc]) -> list[str]:
         out.append(
             "SlateDB's lag is 0 by construction: it acknowledges a checkpoint only once the "
             "bucket holds it, where the other two acknowledge after a local fsync and ship "
-            "within about a second."
+            "afterwards (their lag rows)."
         )
     parts = []
     for s, where in (("slatedb", "on S3"), ("slatedb-local", "on its local store")):
