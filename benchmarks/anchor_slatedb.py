@@ -62,7 +62,7 @@ def slatedb_installed() -> bool:
 
 
 def _sdb() -> Any:
-    import slatedb.uniffi  # type: ignore[import-untyped]  # callers check slatedb_installed()
+    import slatedb.uniffi  # callers check slatedb_installed()
 
     return slatedb.uniffi
 
