@@ -139,6 +139,27 @@ def test_inspect_and_verify_call_a_damaged_identity_not_recoverable(
     assert "statelog restore" in doc["hint"]
 
 
+@pytest.mark.parametrize("damage", DAMAGES, ids=DAMAGE_IDS)
+@pytest.mark.parametrize(
+    "argv",
+    [["dump"], ["recover"], ["recover", "--dry-run"], ["compact"]],
+    ids=lambda a: "-".join(a),
+)
+def test_every_command_calls_a_damaged_identity_not_recoverable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: Callable[[bytes], bytes],
+    argv: list[str],
+) -> None:  # fmt: skip
+    store = tmp_path / "s"
+    make_store(store)
+    identity = store / "IDENTITY"
+    identity.write_bytes(damage(identity.read_bytes()))
+    before = files_of(store)
+    code, out, err = run_cli(capsys, argv[0], "-q", store, *argv[1:])
+    assert code == 2, out + err
+    assert "IDENTITY" in out + err
+    assert files_of(store) == before  # refused, nothing moved aside
+
+
 def test_writing_back_the_id_the_hint_names_repairs_the_store(tmp_path: Path) -> None:
     store = tmp_path / "s"
     epoch = make_store(store)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Iterable
+from pathlib import Path
 
 from statelog.errors import (
     AuditError,
@@ -28,6 +29,7 @@ from statelog.errors import (
     StoreNotFoundError,
     StorePromotedError,
 )
+from statelog.storage.layout import IDENTITY
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
@@ -58,7 +60,8 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_DAMAGED, "damage found, but the store is recoverable (or: an audit or drill problem)"),
     (
         EXIT_UNRECOVERABLE,
-        "not recoverable: a re-snapshot (restore or rebuild from the source) is required",
+        "not recoverable: a re-snapshot (restore or rebuild from the source) is required, "
+        "or IDENTITY is damaged",
     ),
     (EXIT_USAGE, "usage error (a bad option or value), or the path is not a statelog store"),
     (
@@ -113,6 +116,8 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_BUSY
     if isinstance(exc, PromotionLostError | StorePromotedError | StandbyCopyError):
         return EXIT_BUSY
+    if isinstance(exc, CorruptionError) and Path(exc.path).name == IDENTITY:
+        return EXIT_UNRECOVERABLE  # no open can use the store until IDENTITY is repaired
     if isinstance(exc, CorruptionError | AuditError):
         return EXIT_DAMAGED
     if isinstance(exc, KeyboardInterrupt):
