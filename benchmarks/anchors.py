@@ -102,25 +102,37 @@ def _checkpoints(keys: int, seconds: float, commit: Callable[[int, list[str]], o
     return n
 
 
-def run_statelog_unshipped(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[str, Any]:
-    """statelog's side with nothing shipping: what shipping costs the writer's throughput."""
-    store_dir = work / "statelog-unshipped"
+def _load_statelog(store_dir: Path, keys: int) -> None:
+    """The ``keys`` keys, committed in batches of 100,000 (one epoch each)."""
     with statelog.open(store_dir) as st:
         for start in range(0, keys, 100_000):
             chunk = {_key(i): VALUE for i in range(start, min(keys, start + 100_000))}
             st.commit(offsets={"load": start + 1}, low_watermark_ms=0, put=chunk)
+
+
+def _statelog_checkpoints(
+    st: statelog.StateStore, keys: int, seconds: float, acks: _Acks
+) -> tuple[int, float]:
+    """statelog's back-to-back checkpoints: how many, and the seconds they took."""
+    started = time.monotonic()
+    n = _checkpoints(
+        keys,
+        seconds,
+        lambda i, ks: st.commit(
+            offsets={"ckpt": i}, low_watermark_ms=i, put=dict.fromkeys(ks, VALUE)
+        ),
+        acks,
+    )
+    return n, time.monotonic() - started
+
+
+def run_statelog_unshipped(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[str, Any]:
+    """statelog's side with nothing shipping: what shipping costs the writer's throughput."""
+    store_dir = work / "statelog-unshipped"
+    _load_statelog(store_dir, keys)
     acks = _Acks()
     with statelog.open(store_dir) as st:
-        started = time.monotonic()
-        n = _checkpoints(
-            keys,
-            seconds,
-            lambda i, ks: st.commit(
-                offsets={"ckpt": i}, low_watermark_ms=i, put=dict.fromkeys(ks, VALUE)
-            ),
-            acks,
-        )
-        elapsed = time.monotonic() - started
+        n, elapsed = _statelog_checkpoints(st, keys, seconds, acks)
     return _result("statelog-unshipped", keys, n, elapsed, acks, 0, 0, float("nan"), n)
 
 
@@ -129,10 +141,7 @@ def run_statelog(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[st
     url = f"s3://{bucket}/statelog"
     env = {**os.environ, **s3.env()}
     store_dir = work / "statelog"
-    with statelog.open(store_dir) as st:
-        for start in range(0, keys, 100_000):
-            chunk = {_key(i): VALUE for i in range(start, min(keys, start + 100_000))}
-            st.commit(offsets={"load": start + 1}, low_watermark_ms=0, put=chunk)
+    _load_statelog(store_dir, keys)
     daemon = subprocess.Popen(
         [sys.executable, "-m", "compactor", "--remote", url, "--interval", "5",
          "--max-ship-lag", "1s", "--min-tail-bytes", "4MiB", str(store_dir)],
@@ -150,16 +159,7 @@ def run_statelog(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[st
         with statelog.open(store_dir) as st:
             time.sleep(2.0)  # the daemon's first ship
             acks.sample(newest)
-            started = time.monotonic()
-            n = _checkpoints(
-                keys,
-                seconds,
-                lambda i, ks: st.commit(
-                    offsets={"ckpt": i}, low_watermark_ms=i, put=dict.fromkeys(ks, VALUE)
-                ),
-                acks,
-            )
-            elapsed = time.monotonic() - started
+            n, elapsed = _statelog_checkpoints(st, keys, seconds, acks)
             time.sleep(3.0)
             acks.stop()
     finally:

@@ -33,7 +33,7 @@ from statelog.cli.drill_writer import (
     event_id,
     origin_of,
 )
-from statelog.cli.output import EXIT_USAGE
+from statelog.cli.exits import EXIT_USAGE
 from statelog.storage.snapshots import list_snapshots
 
 REPO = Path(__file__).resolve().parent.parent

@@ -381,6 +381,7 @@ def test_nothing_new_counts_the_commits_waiting_in_the_active_segment(
         assert want.fullmatch(doc["skip_reason"]), doc["skip_reason"]
         assert f"skipped  {doc['skip_reason']}" in doc["human"]
         caplog.set_level("INFO", logger="statelog.compactor")
+        caplog.clear()  # the first pass above may have been logged too (its detail differs)
         result = compact(store)
     assert result.skip_reason == doc["skip_reason"]
     line = next(r.getMessage() for r in caplog.records if "compaction_skipped" in r.getMessage())

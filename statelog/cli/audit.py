@@ -13,7 +13,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from statelog.cli.output import EXIT_DAMAGED, EXIT_OK, print_json
+from statelog.cli.exits import EXIT_DAMAGED, EXIT_OK
+from statelog.cli.output import print_json
 from statelog.ops.audit import AuditTrail
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout

@@ -16,11 +16,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from statelog.cli.exits import EXIT_DAMAGED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNRECOVERABLE
 from statelog.cli.output import (
-    EXIT_DAMAGED,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_UNRECOVERABLE,
     add_chain_options,
     duration_arg,
     fmt_bytes,

@@ -42,7 +42,8 @@ from statelog.cli.drill_target import (
     settle_damage,
 )
 from statelog.cli.drill_writer import APPLIED, BUFFER, Origin, origin_of
-from statelog.cli.output import EXIT_OK, EXIT_USAGE, print_json, say_error
+from statelog.cli.exits import EXIT_OK, EXIT_USAGE
+from statelog.cli.output import print_json, say_error
 from statelog.errors import NotAStoreError, StatelogError
 from statelog.storage.snapshots import list_snapshots, parse_snapshot_name
 from statelog.store.store import open as open_store

@@ -25,14 +25,8 @@ from typing import Any
 
 import msgspec
 
-from statelog.cli.output import (
-    EXIT_DAMAGED,
-    EXIT_OK,
-    EXIT_UNRECOVERABLE,
-    fmt_age,
-    fmt_bytes,
-    print_json,
-)
+from statelog.cli.exits import EXIT_DAMAGED, EXIT_OK, EXIT_UNRECOVERABLE
+from statelog.cli.output import fmt_age, fmt_bytes, print_json
 from statelog.compaction.tail import list_segment_infos, peek_seal
 from statelog.errors import (
     CorruptionError,

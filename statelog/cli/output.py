@@ -1,4 +1,4 @@
-"""What every subcommand shares: exit codes, the parser class, errors as one line, progress.
+"""What every subcommand shares: the parser class, errors as one line, JSON, progress.
 
 Also what both commands (``statelog`` and ``statelog-compactor``) share on
 their command lines: the exit-status table (:mod:`statelog.cli.exits`), one
@@ -25,38 +25,17 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any, NoReturn
 
-from statelog.cli.exits import (
-    EXIT_BROKEN_PIPE,
-    EXIT_BUSY,
-    EXIT_CODES_HELP,
-    EXIT_DAMAGED,
-    EXIT_ERROR,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_UNRECOVERABLE,
-    EXIT_USAGE,
-    exit_code_for,
-)
+from statelog.cli.exits import EXIT_USAGE, exit_code_for
 from statelog.compaction.delta import MAX_CHAIN_LIMIT, MAX_FULL_RATIO, ChainPolicy
 from statelog.errors import StatelogError
 
 __all__ = [
     "DURATION_EXAMPLES",
-    "EXIT_BROKEN_PIPE",
-    "EXIT_BUSY",
-    "EXIT_CODES_HELP",
-    "EXIT_DAMAGED",
-    "EXIT_ERROR",
-    "EXIT_INTERRUPTED",
-    "EXIT_OK",
-    "EXIT_UNRECOVERABLE",
-    "EXIT_USAGE",
     "SIZE_EXAMPLES",
     "CliParser",
     "ProgressFn",
     "add_chain_options",
     "duration_arg",
-    "exit_code_for",
     "fmt_age",
     "fmt_bytes",
     "full_ratio_arg",

@@ -16,7 +16,8 @@ import argparse
 from datetime import datetime
 from pathlib import Path
 
-from statelog.cli.output import EXIT_OK, print_json
+from statelog.cli.exits import EXIT_OK
+from statelog.cli.output import print_json
 from statelog.compaction.lock import CompactorLock
 from statelog.errors import InvalidOptionError
 from statelog.recovery.rewind import Rewind, finish_rewind, plan_rewind, rewind

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from statelog.cli.output import EXIT_OK
+from statelog.cli.exits import EXIT_OK
 from statelog.errors import (
     InvalidOptionError,
     PromotionRefusedError,

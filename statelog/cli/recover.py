@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from statelog.cli.output import EXIT_DAMAGED, EXIT_OK, EXIT_UNRECOVERABLE, print_json
+from statelog.cli.exits import EXIT_DAMAGED, EXIT_OK, EXIT_UNRECOVERABLE
+from statelog.cli.output import print_json
 from statelog.cli.point import add_point_args, run_rewind
 from statelog.errors import ResnapshotRequired
 from statelog.recovery.damage import aside_path

@@ -31,15 +31,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from statelog.cli.output import (
-    EXIT_DAMAGED,
-    EXIT_OK,
-    EXIT_UNRECOVERABLE,
-    EXIT_USAGE,
-    fmt_bytes,
-    print_json,
-    say_error,
-)
+from statelog.cli.exits import EXIT_DAMAGED, EXIT_OK, EXIT_UNRECOVERABLE, EXIT_USAGE
+from statelog.cli.output import fmt_bytes, print_json, say_error
 from statelog.cli.point import add_point_args, point_of
 from statelog.errors import InvalidOptionError, ResnapshotRequired
 from statelog.recovery.point import restore_point

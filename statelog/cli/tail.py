@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from statelog.cli.dump import jsonable
-from statelog.cli.output import EXIT_OK, seconds_arg
+from statelog.cli.exits import EXIT_OK
+from statelog.cli.output import seconds_arg
 from statelog.log.changes import Change, read_changes
 
 __all__ = ["add_parser", "change_doc", "change_line", "run"]

@@ -11,15 +11,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from statelog.cli.exits import EXIT_DAMAGED, EXIT_OK, EXIT_UNRECOVERABLE
 from statelog.cli.inspect import lock_holder
-from statelog.cli.output import (
-    EXIT_DAMAGED,
-    EXIT_OK,
-    EXIT_UNRECOVERABLE,
-    fmt_bytes,
-    print_json,
-    progress,
-)
+from statelog.cli.output import fmt_bytes, print_json, progress
 from statelog.errors import CorruptionError
 from statelog.ops.verify import Verdict, VerifyReport, verify_store
 from statelog.storage.fileio import FileLayer

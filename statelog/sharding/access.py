@@ -69,6 +69,7 @@ class ShardAccess:
     root: Path
     manifest: ShardManifest
     _lock: threading.RLock
+    _tables_seen: set[str]
 
     def shard(self, index: int) -> StateStore:
         """Shard ``index``'s store (ShardedStore opens it on first use)."""
@@ -139,8 +140,18 @@ class ShardAccess:
         return sorted({t for s in self._every() for t in s.tables()})
 
     def has_table(self, table: str) -> bool:
-        """Whether ``table`` may be read: some shard has it, or it is declared, or ``"default"``."""
-        return any(s.has_table(table) for s in self._every())
+        """Whether ``table`` may be read: some shard has it, or it is declared, or ``"default"``.
+
+        A table seen once stays readable for this object's life (emptied, it reads
+        as empty), so a read routed to a shard that lacks it does not ask every
+        shard again.
+        """
+        if table in self._tables_seen:
+            return True
+        if any(s.has_table(table) for s in self._every()):
+            self._tables_seen.add(table)
+            return True
+        return False
 
     def _check_table(self, table: str) -> None:
         """:raises UnknownTableError: no shard has ``table``; the message lists the tables."""

@@ -133,6 +133,7 @@ class ShardedStore(ShardAccess, ShardStandby):
         self.readonly: bool = store_options.get("readonly", False) or self._follow is not None
         self._files: FileLayer = store_options.get("file_layer") or FileLayer()
         self._lock = threading.RLock()
+        self._tables_seen: set[str] = set()  # tables some shard was seen to have
         self._stores: dict[int, StateStore] = {}
         self._failures: dict[int, StatelogError] = {}
         self._closed = False

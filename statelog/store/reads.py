@@ -128,7 +128,12 @@ class StoreReads:
     def has_table(self, table: str) -> bool:
         """Whether ``table`` may be read: it was written, is declared, or is ``"default"``."""
         with self._view:
-            return table in self._known_tables or table in self._state.tables()
+            if table in self._known_tables:
+                return True
+            if table in self._state.tables():
+                self._known_tables.add(table)  # stays readable (empty at worst): a set lookup next
+                return True
+            return False
 
     def _check_table(self, table: str) -> None:
         """Remember ``table`` as known once it exists; the caller holds the view lock.
