@@ -79,6 +79,14 @@ class ShardOpenError(StatelogError):
         self.cause = cause
 
 
+def _check_open_flags(lazy: object, on_failure: object) -> None:
+    """:raises InvalidOptionError: ``lazy`` not a bool, or ``on_failure`` not raise or report."""
+    if not isinstance(lazy, bool):
+        raise InvalidOptionError(f"lazy={lazy!r}", hint="pass True or False")
+    if on_failure not in ("raise", "report"):
+        raise InvalidOptionError(f"on_failure={on_failure!r}", hint="use 'raise' or 'report'")
+
+
 class ShardedStore(ShardAccess, ShardStandby):
     """``shards`` ordinary stores under ``root``, keys routed by hash or by key range.
 
@@ -122,10 +130,7 @@ class ShardedStore(ShardAccess, ShardStandby):
         :raises CorruptionError: the manifest is damaged.
         :raises StorageError: an I/O error creating the root or its manifest.
         """
-        if not isinstance(lazy, bool):
-            raise InvalidOptionError(f"lazy={lazy!r}", hint="pass True or False")
-        if on_failure not in ("raise", "report"):
-            raise InvalidOptionError(f"on_failure={on_failure!r}", hint="use 'raise' or 'report'")
+        _check_open_flags(lazy, on_failure)
         check_store_options(store_options)
         self.root = check_store_path(root)
         self._options = dict(store_options)
