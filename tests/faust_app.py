@@ -75,10 +75,6 @@ app = faust.App(
     topic_allow_declare=False,  # the topics are created up front, with their partitions
     broker_session_timeout=2.0,  # the test broker holds a join for about this long
     broker_heartbeat_interval=0.2,
-    # The test broker holds a rebalance for a member that went away without leaving
-    # until its poll interval passes (Faust's default: 1000 s), so bound it.
-    broker_max_poll_interval=30.0,
-    broker_rebalance_timeout=20.0,
     # The test broker's high watermark is the base offset of a partition's last record
     # batch plus one; Faust's recovery checks the persisted offset against it, so every
     # record goes in a batch of its own.
