@@ -34,7 +34,7 @@ import statelog
 from statelog.format.records import decode_value
 from statelog.kit import DURABLE, Crash, FaultyFiles, Stream, run_commit
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image_cache import stamp_of
+from statelog.storage.image_stamp import stamp_of
 from statelog.storage.levels import ImageSources, open_chain
 from statelog.storage.snapshots import SnapshotMeta, verify_snapshot
 

@@ -9,6 +9,7 @@ image".
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -24,7 +25,8 @@ from statelog.format.records import Key
 from statelog.kit import Stream, run_commit, store_digest
 from statelog.ops.verify import Verdict, verify_store
 from statelog.storage.image import encode_key
-from statelog.storage.image_cache import PUBLISHED_TAG, image_crc, stamp_of
+from statelog.storage.image_cache import PUBLISHED_TAG, image_crc
+from statelog.storage.image_stamp import stamp_of
 from statelog.storage.snapshots import list_snapshots
 
 STREAM = Stream(seed=21, blob_ratio=0.0)
@@ -156,6 +158,32 @@ def test_verify_names_an_image_the_writer_would_map_although_it_lies(
         assert (store_digest(ro) == true_state) is not named
     with statelog.open(root) as store:
         assert (store_digest(store) == true_state) is not named
+
+
+def test_an_image_forged_with_its_mtime_put_back_is_mapped_and_verify_names_it(
+    tmp_path: Path,
+) -> None:
+    """The limit of a settled stamp: a restart trusts an image whose inode, size and
+    mtime are those recorded when it was fsynced and checked, without reading it. Bytes
+    changed under them (media corruption, or a hand that restores the mtime) are not
+    seen by the open; ``statelog verify`` compares the image with its snapshot and
+    names it, and a read-only open, which copies the image and checks the copy's CRC,
+    rebuilds it from the snapshot."""
+    root = tmp_path / "s"
+    build(root)
+    [image] = images(root)
+    st = image.stat()
+    forge(image, first_key(root), b"\xa6forged")
+    os.utime(image, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert image.stat().st_size == st.st_size
+    true_state = STREAM.model(LAST).digest()
+    with statelog.open(root) as store:
+        assert store_digest(store) != true_state
+    report = verify_store(root)
+    assert report.verdict is Verdict.RECOVERABLE
+    assert any(f.path == image and f.kind == "base" for f in report.findings)
+    with statelog.open(root, readonly=True) as ro:
+        assert store_digest(ro) == true_state
 
 
 def test_removing_the_named_image_is_the_remedy(tmp_path: Path) -> None:

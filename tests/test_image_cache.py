@@ -3,6 +3,8 @@
 | what the restart finds in ``base/``                | expected                                 |
 |----------------------------------------------------|------------------------------------------|
 | the image and stamp of the chosen snapshot, intact | reused (same inode), nothing extracted   |
+| a stamp not yet settled (the first restart)        | both files checked whole, stamp settled  |
+| a settled stamp, both files unchanged              | reused without reading either file       |
 | the image with one bit flipped                     | not reused: extracted again, state exact |
 | a torn or edited stamp                             | not reused: extracted again              |
 | a stamp of other snapshot bytes under the name     | not reused                               |
@@ -20,18 +22,34 @@ import pytest
 
 import statelog
 from statelog.compaction.fold import compact
-from statelog.storage.image_cache import STAMP_SUFFIX
+from statelog.storage import image_cache
+from statelog.storage.fileio import FileLayer
+from statelog.storage.image_cache import reusable_image
+from statelog.storage.image_stamp import STAMP_SUFFIX, stamp_of
 from tests.helpers import build_store, flip_bit, model_at, simple_commits, snapshot_of
 
 
 def prepared(store: Path) -> tuple[list[dict[str, object]], Path]:
-    """A store with a snapshot its writer has extracted (and stamped), closed."""
+    """A store with a snapshot its writer has extracted and stamped, then settled, closed."""
     models = build_store(store, simple_commits(12))
     snap = compact(store).snapshot
     assert snap is not None
+    for p in (store / "base").iterdir():  # the compactor's image: the writer extracts its own
+        p.unlink()
     with statelog.open(store) as s:  # the open extracts the snapshot and stamps the image
         assert s.recovery.snapshot == snap
+    (image,) = images(store)
+    assert "settled" not in stamp_body(image)
+    with statelog.open(store) as s:  # checks both files whole, then settles the stamp
+        assert s.recovery.snapshot == snap
+    assert "settled" in stamp_body(image)
+    image_cache._checked.clear()  # a restart is a new process: nothing checked yet
     return models, snap
+
+
+def stamp_body(image: Path) -> dict[str, object]:
+    body: dict[str, object] = json.loads(json.loads(stamp_of(image).read_bytes())["body"])
+    return body
 
 
 def images(store: Path) -> list[Path]:
@@ -113,3 +131,58 @@ def test_snapshot_damaged_since_is_refused_even_with_a_matching_stamp(
     assert not reused
     assert [r.path for r in report.rejected] == [snap]
     assert report.snapshot is None and report.epoch == 12
+
+
+def test_a_settled_restart_reads_neither_file(
+    store_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    models, snap = prepared(store_path)
+
+    def whole_read(*_args: object) -> object:
+        raise AssertionError("a settled restart read a whole file")
+
+    monkeypatch.setattr(image_cache, "image_crc", whole_read)
+    monkeypatch.setattr(image_cache, "_hashes_to_footer", whole_read)
+    report, reused = reopen(store_path, caplog)
+    assert reused and report.snapshot == snap and report.epoch == 12
+    with statelog.open(store_path) as s:
+        assert snapshot_of(s) == model_at(models, 12)
+
+
+class _Recording(FileLayer):
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def fsync_file(self, path: Path) -> None:
+        self.calls.append(f"fsync {path.name}")
+        super().fsync_file(path)
+
+    def rename(self, src: Path, dst: Path) -> None:
+        self.calls.append(f"rename {dst.name}")
+        super().rename(src, dst)
+
+
+def test_a_stamp_is_settled_only_after_the_image_is_fsynced(store_path: Path) -> None:
+    build_store(store_path, simple_commits(12))
+    snap = compact(store_path).snapshot
+    assert snap is not None
+    for p in (store_path / "base").iterdir():
+        p.unlink()
+    with statelog.open(store_path) as s:
+        store_id = s.store_id
+    (image,) = images(store_path)
+    # Without a layer to write with (verify, a compactor looking at the writer's base/),
+    # nothing is settled or written.
+    before = stamp_of(image).read_bytes()
+    assert reusable_image(image.parent, snap, store_id=store_id) is not None
+    assert stamp_of(image).read_bytes() == before and "settled" not in stamp_body(image)
+    calls: list[str] = []
+    found = reusable_image(image.parent, snap, store_id=store_id, files=_Recording(calls))
+    assert found is not None and found[0] == image
+    assert calls == [f"fsync {image.name}", f"rename {stamp_of(image).name}"]
+    assert stamp_body(image)["settled"] == {
+        "image": {"ino": image.stat().st_ino, "size": image.stat().st_size,
+                  "mtime_ns": image.stat().st_mtime_ns},
+        "snapshot": {"ino": snap.stat().st_ino, "size": snap.stat().st_size,
+                     "mtime_ns": snap.stat().st_mtime_ns},
+    }  # fmt: skip

@@ -54,7 +54,7 @@ from statelog.recovery.ladder import check_link
 from statelog.recovery.readonly import recover_readonly
 from statelog.recovery.report import RecoveryReport
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image_cache import STAMP_SUFFIX
+from statelog.storage.image_stamp import STAMP_SUFFIX
 from statelog.storage.layout import StoreLayout
 from statelog.storage.pins import pin
 from statelog.storage.snapshots import SnapshotMeta, list_snapshots, verify_snapshot

@@ -29,7 +29,8 @@ import lmdb
 from statelog.errors import CorruptionError, FormatVersionError
 from statelog.format.snapshot import FLAG_DELTA, HEADER_SIZE, IMAGE_VERSION, SnapshotHeader
 from statelog.format.stream import TableChunk
-from statelog.storage.image_cache import STAMP_SUFFIX, image_crc, reusable_image
+from statelog.storage.image_cache import image_crc, reusable_image
+from statelog.storage.image_stamp import STAMP_SUFFIX
 from statelog.storage.snapshot_body import TOMBSTONE
 from statelog.storage.snapshot_read import read_snapshot
 from statelog.storage.snapshots import list_snapshots

@@ -51,7 +51,7 @@ from statelog.recovery.replay import LogEnd, recover_log
 from statelog.recovery.report import Outcome, RecoveryReport, Rejection
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image_cache import stamp_of
+from statelog.storage.image_stamp import stamp_of
 from statelog.storage.layout import StoreLayout
 from statelog.storage.levels import ImageSources, open_chain
 from statelog.storage.pins import PIN_DIR, pin

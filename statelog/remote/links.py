@@ -38,7 +38,8 @@ from statelog.errors import CorruptionError, FormatVersionError
 from statelog.remote.errors import RemoteIntegrityError, RemoteNotFoundError
 from statelog.remote.manifest import Entry
 from statelog.remote.staging import Staging
-from statelog.storage.image_cache import extract_stamped, image_path, stamp_of
+from statelog.storage.image_cache import extract_stamped, image_path
+from statelog.storage.image_stamp import stamp_of
 from statelog.storage.layout import BASE_DIR, SNAPSHOT_DIR
 from statelog.storage.levels import chain_links
 from statelog.storage.snapshot_read import SnapshotMeta

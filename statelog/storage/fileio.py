@@ -133,6 +133,17 @@ class FileLayer:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
+    def fsync_file(self, path: Path) -> None:
+        """Make the bytes another writer (LMDB) put in ``path`` durable.
+
+        :raises OSError: the device reported an error.
+        """
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     def fsync_dir(self, path: Path) -> None:
         """Persist the directory entries of ``path`` (creates, renames, unlinks)."""
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

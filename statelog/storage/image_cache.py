@@ -1,35 +1,47 @@
 """Reusing an extracted base image across restarts, instead of decompressing its snapshot again.
 
 Extracting a snapshot verifies every byte of it (SHA-256) while it
-decompresses the LMDB image into ``base/``; at 1M keys that is most of a
-restart. So each extraction also writes a **stamp** beside the image,
-``<image>.ok``: one JSON line holding the snapshot's name, size and footer
-hash, the image's size and CRC-32C (computed once it is in place), the
-snapshot's meta (epoch, LSN, chain, offsets, watermark, tables), and a
-CRC-32C of the stamp itself.
+decompresses the LMDB image into ``base/``, which is most of a restart. So
+each extraction also writes a **stamp** beside the image, ``<image>.ok``
+(layout in ``docs/format.md``): the snapshot's name, size and footer hash,
+the image's size and CRC-32C, the snapshot's meta, and the stamp's CRC-32C.
 
 A later writer open that chooses the same snapshot looks for an image with
 a stamp that matches the snapshot file as it is now (same name, size and
-footer hash). It still verifies the snapshot on this read: the SHA-256 of
-everything before the footer must equal the footer's, so a snapshot
-damaged since is refused by the ladder exactly as an extraction would
-refuse it. Then the image must still have the stamped CRC-32C, read in
-full. If all of that holds, the image is mapped with the stamped meta,
-and the snapshot is hashed but not decompressed or written out again,
-which is most of a restart's cost. Anything else (no stamp, a torn or
-edited stamp, an image changed by a crash or by bit rot, a snapshot that
-no longer hashes to its footer) falls back to extracting and verifying
-the snapshot, which also names the damage.
+footer hash). Then one of two checks decides:
 
-Neither file is fsynced: a crash can leave either half-written, and the two
-checksums turn that into a fallback, never into a wrong base.
+- **Settled** (the restart's cost does not grow with the state): the stamp
+  also records, under ``settled``, the inode, size and mtime of the image
+  and of the snapshot as they were once the image was fsynced and both
+  files had been checked whole. If both files still have exactly those,
+  neither has been written since it was checked (images are opened
+  read-only, snapshots are never rewritten), and the image is mapped
+  without reading either file. This is the threat model's trust in this
+  host's own files; media corruption underneath an unchanged inode is
+  found by ``statelog verify``, which compares every image with its
+  snapshot, not by the open.
+- **Whole** (no settled record, or a file changed): the snapshot's SHA-256
+  must equal its footer's, so a snapshot damaged since is refused by the
+  ladder exactly as an extraction would refuse it, and the image must
+  still have the stamped CRC-32C, read in full. A writer open that passes
+  this check then settles the stamp (image fsynced, then the stamp
+  rewritten with both identities), so the next restart is a settled one.
+
+Anything else (no stamp, a torn or edited stamp, an image changed by a
+crash or by bit rot, a snapshot that no longer hashes to its footer) falls
+back to extracting and verifying the snapshot, which also names the damage.
+
+Durable steps: an extraction's stamp is written without fsync and without
+a settled record: a crash can leave either file half-written, and the
+checksums turn that into a fallback, never into a wrong base. A settled
+record is written only after the image's fsync, so no crash can leave a
+settled stamp beside an image whose bytes were not on disk.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import secrets
@@ -40,16 +52,22 @@ from pathlib import Path
 from typing import Any
 
 import crc32c
-import msgspec
 
-from statelog.format.snapshot import FOOTER_SIZE, DeltaDoc
+from statelog.format.snapshot import FOOTER_SIZE
 from statelog.storage.fileio import FileLayer
-from statelog.storage.layout import parse_json_doc
+from statelog.storage.image_stamp import (
+    STAMP_SUFFIX,
+    file_identity,
+    footer_hash,
+    load_stamp,
+    settled_matches,
+    stamp_doc,
+    stamp_of,
+)
 from statelog.storage.snapshots import SnapshotMeta, extract_snapshot
 
 __all__ = [
     "PUBLISHED_TAG",
-    "STAMP_SUFFIX",
     "copy_reusable",
     "extract_stamped",
     "image_crc",
@@ -57,12 +75,10 @@ __all__ = [
     "publish_image",
     "published",
     "reusable_image",
-    "stamp_of",
 ]
 
 log = logging.getLogger("statelog.storage.image_cache")
 
-STAMP_SUFFIX = ".ok"
 PUBLISHED_TAG = "c"
 """First letter of the token of an image the compactor published (see :func:`publish_image`)."""
 _CHUNK = 8 << 20
@@ -91,11 +107,6 @@ def _check_once(path: Path, what: object, check: Any) -> bool:
     return ok
 
 
-def stamp_of(image: Path) -> Path:
-    """The stamp file of ``image``."""
-    return image.with_name(image.name + STAMP_SUFFIX)
-
-
 def image_path(image_dir: Path, snapshot: Path, *, tag: str = "") -> Path:
     """A fresh name for an image of ``snapshot``'s state: ``<name>.<tag><token>.mdb``.
 
@@ -106,10 +117,28 @@ def image_path(image_dir: Path, snapshot: Path, *, tag: str = "") -> Path:
     return image_dir / f"{snapshot.name.removesuffix('.snap')}.{tag}{secrets.token_hex(4)}.mdb"
 
 
-def _stamp(files: FileLayer, image: Path, snapshot: Path, meta: SnapshotMeta) -> None:
-    """Write ``image``'s stamp (``<stamp>.tmp``, then renamed); a failure is logged only."""
+def _stamp(
+    files: FileLayer,
+    image: Path,
+    snapshot: Path,
+    meta: SnapshotMeta,
+    *,
+    settle: bool = False,
+    crc: int | None = None,
+) -> None:
+    """Write ``image``'s stamp (``<stamp>.tmp``, then renamed); a failure is logged only.
+
+    ``settle``: fsync the image first, then record both files' identities
+    (see the module docstring); only for an image and snapshot just checked
+    whole or written by this process. ``crc``: the image's, if just checked.
+    """
     try:
-        doc = _doc(snapshot, image.stat().st_size, image_crc(image), meta)
+        settled = None
+        if settle:
+            files.fsync_file(image)
+            settled = {"image": file_identity(image), "snapshot": file_identity(snapshot)}
+        crc = image_crc(image) if crc is None else crc
+        doc = stamp_doc(snapshot, image.stat().st_size, crc, meta, settled)
         tmp = image.with_name(image.name + STAMP_SUFFIX + ".tmp")
         tmp.write_bytes(doc)
         files.rename(tmp, stamp_of(image))
@@ -134,9 +163,11 @@ def publish_image(
     renamed into place, then its stamp written; then the images this
     function published for older snapshots are removed, except those of
     the snapshots named in ``keep`` (the chain ``snapshot`` extends), and a
-    process still mapping one keeps its pages until it unmaps. Nothing here is a
-    durable step: a crash leaves at worst an unstamped image, which the
-    writer's next open removes. Returns the image's new path, or None.
+    process still mapping one keeps its pages until it unmaps. The stamp is
+    settled (the image fsynced before it is written), since this process
+    wrote both files; the rename is not a durable step: a crash leaves at
+    worst an unstamped image, which the writer's next open removes. Returns
+    the image's new path, or None.
     """
     dest = image_path(image_dir, snapshot, tag=PUBLISHED_TAG)
     try:
@@ -145,7 +176,7 @@ def publish_image(
     except OSError as exc:  # another file system, say: the writer builds its own
         log.info("image=%s event=image_not_published error=%r", image.name, exc)
         return None
-    _stamp(files, dest, snapshot, meta)
+    _stamp(files, dest, snapshot, meta, settle=True)
     stem = snapshot.name.removesuffix(".snap")
     for old in image_dir.glob(f"*.{PUBLISHED_TAG}*.mdb"):
         old_stem = old.name.split(".", 1)[0]
@@ -186,14 +217,19 @@ def extract_stamped(
 
 
 def reusable_image(
-    image_dir: Path, snapshot: Path, *, store_id: uuid.UUID
+    image_dir: Path, snapshot: Path, *, store_id: uuid.UUID, files: FileLayer | None = None
 ) -> tuple[Path, SnapshotMeta] | None:
     """An image in ``image_dir`` of ``snapshot`` as it is now, intact; else None.
 
-    Reads each candidate image whole to check its CRC-32C (from the page
-    cache after a restart, typically: several GiB/s).
+    A settled stamp whose files are unchanged is trusted without reading
+    them; otherwise each candidate image is read whole to check its CRC-32C
+    (from the page cache after a restart, typically: several GiB/s) and,
+    with ``files`` (a writer's open, which owns ``image_dir``), its stamp is
+    then settled so the next restart does not read it again.
     """
     for image, doc, meta in _candidates(image_dir, snapshot, store_id):
+        if doc["settled_now"]:
+            return image, meta
         try:
             intact = image.stat().st_size == doc["image_bytes"] and _check_once(
                 image, doc["crc"], lambda image=image, doc=doc: image_crc(image) == doc["crc"]
@@ -201,6 +237,8 @@ def reusable_image(
         except OSError:
             intact = False
         if intact:
+            if files is not None:
+                _stamp(files, image, snapshot, meta, settle=True, crc=doc["crc"])
             return image, meta
         log.warning(
             "image=%s event=stale_image reason='crc or size differs from its stamp'", image.name
@@ -237,72 +275,32 @@ def _candidates(
     """Images in ``image_dir`` whose stamp names ``snapshot`` as it is now, of this store.
 
     Stops, yielding nothing more, if ``snapshot`` no longer hashes to its
-    footer (damaged since: the extraction names the damage).
+    footer (damaged since: the extraction names the damage); the hash is
+    skipped for a candidate whose settled stamp still matches both files
+    (``doc["settled_now"]``).
     """
     stem = snapshot.name.removesuffix(".snap")
     try:
         stamps = sorted(image_dir.glob(f"{stem}.*.mdb{STAMP_SUFFIX}"))
-        size, footer = snapshot.stat().st_size, _footer_hash(snapshot)
+        size, footer = snapshot.stat().st_size, footer_hash(snapshot)
     except OSError:
         return
     hashed = False
     for stamp in stamps:
-        got = _load(stamp)
+        got = load_stamp(stamp)
         if got is None:
             continue
         doc, meta = got
         named = (doc["snapshot"], doc["snapshot_bytes"], doc["footer"])
         if named != (snapshot.name, size, footer) or meta.store_id != store_id:
             continue
-        if not hashed:
+        image = stamp.with_name(stamp.name.removesuffix(STAMP_SUFFIX))
+        doc["settled_now"] = settled_matches(doc, image, snapshot)
+        if not hashed and not doc["settled_now"]:
             if not _check_once(snapshot, footer, lambda: _hashes_to_footer(snapshot, size, footer)):
                 return
             hashed = True
-        yield stamp.with_name(stamp.name.removesuffix(STAMP_SUFFIX)), doc, meta
-
-
-def _doc(snapshot: Path, image_bytes: int, crc: int, meta: SnapshotMeta) -> bytes:
-    body: dict[str, Any] = {
-        "snapshot": snapshot.name,
-        "snapshot_bytes": snapshot.stat().st_size,
-        "footer": _footer_hash(snapshot),
-        "image_bytes": image_bytes,
-        "crc": crc,
-        "meta": {
-            "store_id": str(meta.store_id),
-            "epoch": meta.epoch,
-            "lsn": meta.lsn,
-            "chain": meta.chain,
-            "offsets": meta.offsets,
-            "low_watermark_ms": meta.low_watermark_ms,
-            "tables": meta.tables,
-            "body_bytes": meta.body_bytes,
-            "created_ms": meta.created_ms,
-            "commit_ms": meta.commit_ms,
-            "delta": msgspec.to_builtins(meta.delta),
-        },
-    }
-    raw = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    return json.dumps({"body": raw, "crc": crc32c.crc32c(raw.encode())}).encode() + b"\n"
-
-
-def _load(stamp: Path) -> tuple[dict[str, Any], SnapshotMeta] | None:
-    try:
-        outer = parse_json_doc(stamp.read_bytes())
-        raw = outer["body"]
-        if crc32c.crc32c(raw.encode()) != outer["crc"]:
-            return None
-        doc = parse_json_doc(raw.encode())
-        m = doc["meta"]
-        meta = SnapshotMeta(
-            uuid.UUID(m["store_id"]), m["epoch"], m["lsn"], m["chain"], dict(m["offsets"]),
-            m["low_watermark_ms"], dict(m["tables"]), m["body_bytes"], m["created_ms"],
-            msgspec.convert(m.get("delta"), DeltaDoc | None), str(doc["footer"])[:64],
-            int(m.get("commit_ms", 0)),
-        )  # fmt: skip
-        return doc, meta
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, msgspec.ValidationError):
-        return None  # torn, edited or foreign: extract again
+        yield image, doc, meta
 
 
 def _hashes_to_footer(snapshot: Path, size: int, footer: str) -> bool:
@@ -319,12 +317,6 @@ def _hashes_to_footer(snapshot: Path, size: int, footer: str) -> bool:
             h.update(view[:n])
             left -= n
     return h.hexdigest() == footer[:64]
-
-
-def _footer_hash(snapshot: Path) -> str:
-    with open(snapshot, "rb") as fh:
-        fh.seek(-FOOTER_SIZE, 2)
-        return fh.read(FOOTER_SIZE).hex()
 
 
 def image_crc(image: Path) -> int:

@@ -34,8 +34,8 @@ from statelog.storage.image_cache import (
     extract_stamped,
     image_path,
     reusable_image,
-    stamp_of,
 )
+from statelog.storage.image_stamp import stamp_of
 from statelog.storage.layered import LayeredBase, open_levels
 from statelog.storage.snapshot_read import HINT, SnapshotMeta
 
@@ -147,7 +147,9 @@ class _Reader:
 
     def __call__(self, snapshot: Path) -> tuple[SnapshotMeta, object]:
         for where in self._src.map_from:
-            found = reusable_image(where, snapshot, store_id=self._sid)
+            # Only images in the directory this reader extracts to are its own to re-stamp.
+            own = self._files if where == self._src.extract_to else None
+            found = reusable_image(where, snapshot, store_id=self._sid, files=own)
             if found is not None:
                 return found[1], found[0]
         if self._src.copy_from is not None:

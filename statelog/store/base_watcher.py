@@ -26,7 +26,8 @@ from statelog.errors import CorruptionError, FormatVersionError, StorageError
 from statelog.events import emit
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image_cache import published, stamp_of
+from statelog.storage.image_cache import published
+from statelog.storage.image_stamp import stamp_of
 from statelog.storage.levels import ImageSources, open_chain
 from statelog.storage.snapshots import list_snapshots
 
