@@ -24,9 +24,10 @@ the bucket holds it. Every other setting is SlateDB's default (compactor in
 the writer's process; the garbage collector deletes nothing younger than
 300 s, so a short run's bucket keeps every WAL object).
 
-The sampler opens a fresh ``DbReader`` (``ReaderMode.FOLLOW_LATEST``, which
-writes nothing to the bucket) about once a second and reads ``meta:ckpt``:
-the newest checkpoint the bucket holds; lag as in :class:`benchmarks.anchors._Acks`.
+The sampler (:mod:`benchmarks.anchor_sampler`) opens a fresh ``DbReader``
+(``ReaderMode.FOLLOW_LATEST``, which writes nothing to the bucket) about
+once a second and reads ``meta:ckpt``: the newest checkpoint the bucket
+holds; lag as in :class:`benchmarks.anchors._Acks`.
 The restore opens one more reader and scans every key, content checked.
 
 ``local=True`` runs the same on SlateDB's local object store (a directory,
@@ -39,8 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,13 @@ from tests.s3server import S3Server
 
 from .anchors import VALUE, _Acks, _bucket_usage, _checkpoints, _key, _result
 
-__all__ = ["run_slatedb", "slatedb_installed"]
+__all__ = [
+    "newest_checkpoint",
+    "run_slatedb",
+    "slatedb_installed",
+    "store_from_spec",
+    "store_spec",
+]
 
 _PATH = "slatedb"  # the database's prefix in the bucket (or directory)
 _META = b"meta:ckpt"  # sorts after every ``k...`` key
@@ -67,40 +74,35 @@ def _sdb() -> Any:
     return slatedb.uniffi
 
 
-_Usage = Callable[[], tuple[int, int]]
-
-
-def _stores(s3: S3Server, work: Path, local: bool) -> tuple[Callable[[], Any], _Usage]:
-    """A factory of fresh object-store handles on one new bucket (or directory), and its usage."""
-    sdb = _sdb()
+def store_spec(s3: S3Server, work: Path, local: bool) -> dict[str, Any]:
+    """A new bucket of ``s3`` (or a directory in ``work``) as a JSON-able object-store spec."""
     if local:
         root = work / "slatedb-store"
         root.mkdir(parents=True)
-
-        def local_store() -> Any:
-            builder = sdb.ObjectStoreBuilder(sdb.ObjectStoreType.LOCAL)
-            builder.with_config("local_path", str(root))
-            return builder.build()
-
-        def local_usage() -> tuple[int, int]:
-            files = [p for p in root.rglob("*") if p.is_file()]
-            return sum(p.stat().st_size for p in files), len(files)
-
-        return local_store, local_usage
+        return {"local_path": str(root)}
     bucket, env = s3.new_bucket(), s3.env()
-    config = {
+    return {
         "bucket": bucket, "endpoint": s3.endpoint, "region": env["AWS_DEFAULT_REGION"],
         "access_key_id": env["AWS_ACCESS_KEY_ID"],
         "secret_access_key": env["AWS_SECRET_ACCESS_KEY"], "allow_http": "true",
     }  # fmt: skip
 
-    def s3_store() -> Any:
-        builder = sdb.ObjectStoreBuilder(sdb.ObjectStoreType.S3)
-        for key, value in config.items():
-            builder.with_config(key, value)
-        return builder.build()
 
-    return s3_store, lambda: _bucket_usage(s3, bucket, _PATH)
+def store_from_spec(spec: dict[str, Any]) -> Any:
+    """A fresh object-store handle on what :func:`store_spec` describes."""
+    sdb = _sdb()
+    kind = sdb.ObjectStoreType.LOCAL if "local_path" in spec else sdb.ObjectStoreType.S3
+    builder = sdb.ObjectStoreBuilder(kind)
+    for key, value in spec.items():
+        builder.with_config(key, value)
+    return builder.build()
+
+
+def _usage(s3: S3Server, spec: dict[str, Any]) -> tuple[int, int]:
+    if "local_path" in spec:
+        files = [p for p in Path(spec["local_path"]).rglob("*") if p.is_file()]
+        return sum(p.stat().st_size for p in files), len(files)
+    return _bucket_usage(s3, spec["bucket"], _PATH)
 
 
 def _batch(keys: list[str], ckpt: int) -> Any:
@@ -127,7 +129,7 @@ async def _reader(store: Any) -> Any:
     return await builder.build()
 
 
-async def _newest(store: Any) -> int:
+async def newest_checkpoint(store: Any) -> int:
     """The newest checkpoint a fresh reader of the bucket sees.
 
     :raises LookupError: the bucket holds no checkpoint number yet.
@@ -177,7 +179,11 @@ def run_slatedb(
     :raises AssertionError: the restored state is not the one written.
     """
     sdb = _sdb()
-    store, usage = _stores(s3, work, local)
+    spec = store_spec(s3, work, local)
+
+    def store() -> Any:
+        return store_from_spec(spec)
+
     loop = asyncio.new_event_loop()
     try:
         db = loop.run_until_complete(sdb.DbBuilder(_PATH, store()).build())
@@ -193,15 +199,14 @@ def run_slatedb(
             loop.run_until_complete(_durable(db, batch))
 
         acks = _Acks()
-        # The sampler's thread runs its own event loop: one per sample.
-        acks.sample(lambda: asyncio.run(_newest(store())))
+        acks.sample(["slatedb", json.dumps(spec)])
         started = time.monotonic()
         n = _checkpoints(keys, seconds, commit, acks)
         elapsed = time.monotonic() - started
         time.sleep(3.0)
         acks.stop()
         # Measured with the writer still open, as a crash would leave the bucket.
-        size, objects = usage()
+        size, objects = _usage(s3, spec)
         t = time.monotonic()
         count, ckpt, wrong = loop.run_until_complete(_restore(store()))
         restore_s = time.monotonic() - t

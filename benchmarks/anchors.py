@@ -2,16 +2,19 @@
 
 Both sides hold ``keys`` keys of 100-byte values, then commit durable
 checkpoints of 1% of the keys back to back for ``seconds`` while their
-replicator ships to the same loopback S3 server (moto):
+replicator ships to the same loopback S3 server (moto, in a process of its
+own):
 
 - statelog: ``statelog.open(durability="commit")`` (each checkpoint fsynced
   before it returns), and ``statelog-compactor --remote --max-ship-lag 1s``;
 - SQLite in WAL mode with ``synchronous=FULL``, one transaction per
   checkpoint, and ``litestream replicate`` (sync interval 1 s).
 
-A sampler restores from the bucket about once a second (``statelog.remote.restore``;
-``litestream restore``) and reads the newest checkpoint there; its *lag* is
-how long the oldest acknowledged checkpoint the bucket lacked had waited
+A sampler (:mod:`benchmarks.anchor_sampler`, a process of its own, so that
+it shares no interpreter with the writer) restores from the bucket about
+once a second (``statelog.remote.restore``; ``litestream restore``) and
+reads the newest checkpoint there; its *lag* is how long the oldest
+acknowledged checkpoint the bucket lacked when the look began had waited
 (0 when it had them all). After the run: the bytes in the bucket, its
 objects, and a timed restore of the whole state, its content checked.
 SlateDB's side of the same workload is :mod:`benchmarks.anchor_slatedb`.
@@ -19,13 +22,13 @@ SlateDB's side of the same workload is :mod:`benchmarks.anchor_slatedb`.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,30 +54,38 @@ class _Acks:
     def __init__(self) -> None:
         self.times: list[float] = []  # checkpoint n (1-based) acknowledged at times[n - 1]
         self.lags: list[float] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._proc: subprocess.Popen[str] | None = None
+        self._out: tempfile._TemporaryFileWrapper[str] | None = None
 
     def ack(self) -> None:
         self.times.append(time.time())
 
-    def sample(self, newest: Callable[[], int]) -> None:
-        def run() -> None:
-            while not self._stop.wait(1.0):
-                started = time.time()
-                try:
-                    have = newest()
-                except Exception:
-                    continue  # nothing restorable yet
-                waiting = [t for t in self.times[have:] if t <= started]
-                self.lags.append(started - waiting[0] if waiting else 0.0)
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
+    def sample(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        """Start :mod:`benchmarks.anchor_sampler` with ``args``, in a process of its own."""
+        self._out = tempfile.NamedTemporaryFile("w+", suffix=".jsonl")  # noqa: SIM115
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.anchor_sampler", *args],
+            cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(60)
+        """Stop the sampler; each look becomes a lag: how long the oldest acknowledged
+        checkpoint the bucket lacked when the look began had waited (0: none lacked)."""
+        if self._proc is None or self._out is None:
+            return
+        self._proc.terminate()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:  # blocked in a binding's call: signals wait for it
+            self._proc.kill()
+            self._proc.wait(60)
+        self._out.seek(0)
+        for line in self._out:
+            look = json.loads(line)
+            started, have = float(look["started"]), int(look["have"])
+            waiting = [t for t in self.times[have:] if t <= started]
+            self.lags.append(started - waiting[0] if waiting else 0.0)
+        self._out.close()
 
 
 def _bucket_usage(s3: S3Server, bucket: str, prefix: str) -> tuple[int, int]:
@@ -150,15 +161,10 @@ def run_statelog(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[st
     acks = _Acks()
     client = RemoteClient.from_url(url, env=s3.env())
     loads = -(-keys // 100_000)
-
-    def newest() -> int:
-        with tempfile.TemporaryDirectory(dir=work) as tmp:
-            return max(0, restore(url, Path(tmp) / "r", client=client).epoch - loads)
-
     try:
         with statelog.open(store_dir) as st:
             time.sleep(2.0)  # the daemon's first ship
-            acks.sample(newest)
+            acks.sample(["statelog", url, str(loads)], env)
             n, elapsed = _statelog_checkpoints(st, keys, seconds, acks)
             time.sleep(3.0)
             acks.stop()
@@ -205,13 +211,6 @@ def run_litestream(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[
         subprocess.run([litestream, "restore", "-config", str(cfg), "-o", str(out), str(db_path)],
                        env=penv, check=True, capture_output=True, timeout=600)  # fmt: skip
 
-    def newest() -> int:
-        with tempfile.TemporaryDirectory(dir=work) as tmp:
-            out = Path(tmp) / "r.sqlite"
-            restored_to(out)
-            with sqlite3.connect(out) as r:
-                return int(r.execute("SELECT ckpt FROM meta").fetchone()[0])
-
     def commit(i: int, ks: list[str]) -> None:
         db.execute("BEGIN")
         db.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?)", ((k, VALUE) for k in ks))
@@ -221,7 +220,7 @@ def run_litestream(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[
     acks = _Acks()
     try:
         time.sleep(2.0)  # its first snapshot
-        acks.sample(newest)
+        acks.sample(["litestream", litestream, str(cfg), str(db_path)], penv)
         started = time.monotonic()
         n = _checkpoints(keys, seconds, commit, acks)
         elapsed = time.monotonic() - started

@@ -29,7 +29,7 @@ _SECONDS = {"tiny": 3.0, "quick": 20.0, "full": 60.0}
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    server = S3Server()
+    server = S3Server(process=True)  # not in the writer's interpreter: it would share its GIL
     yield server
     server.stop()
 

@@ -123,7 +123,7 @@ def anchors_section(doc: Doc) -> list[str]:
         "## The anchors: statelog against SQLite with Litestream and against SlateDB, on S3",
         f"Each side holds {k['keys']:,} keys of 100-byte values and commits durable "
         "checkpoints of 1% of them back to back for the same time, against the same "
-        "loopback S3 server (moto, in the benchmark's process). statelog: "
+        "loopback S3 server (moto, in a process of its own). statelog: "
         '`statelog.open(durability="commit")`, each checkpoint fsynced before it returns, '
         "and `statelog-compactor --remote --max-ship-lag 1s` (the writer seals its segment "
         "once its oldest commit is 0.5 s old, half the bound; the daemon ships every 0.25 s). "
@@ -134,7 +134,8 @@ def anchors_section(doc: Doc) -> list[str]:
         "to upload the WAL at once, then `handle.await_durable()`: the checkpoint is in the "
         "bucket when it returns; otherwise SlateDB's default settings. *SlateDB, local store* "
         "is the same on SlateDB's local object store (a directory, written without fsync). "
-        "About once a second a sampler restores from the bucket (SlateDB: opens a fresh "
+        "About once a second a sampler in a process of its own (no interpreter shared with "
+        "the writer) restores from the bucket (SlateDB: opens a fresh "
         "reader) and reads the newest checkpoint there; the *lag* is how long the oldest "
         "acknowledged checkpoint the bucket lacked had waited (0 when it had them all). "
         "After the run: what the bucket holds, and a timed restore of the whole state "

@@ -13,6 +13,8 @@ from __future__ import annotations
 import atexit
 import itertools
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,11 +44,19 @@ def _free_port() -> int:
 
 
 class S3Server:
-    """moto's threaded server on 127.0.0.1:<port>."""
+    """moto's threaded server on 127.0.0.1:<port>.
 
-    def __init__(self) -> None:
+    ``process=True`` runs it in a child process instead (``python -m
+    moto.server``): for benchmarks, whose writer must not share its
+    interpreter (and its GIL) with the server it ships to. Its buckets do
+    not survive :meth:`stop`.
+    """
+
+    def __init__(self, *, process: bool = False) -> None:
         self.port = _free_port()
         self._server: ThreadedMotoServer | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._process = process
         self._names = itertools.count(1)
         self.start()
 
@@ -64,8 +74,12 @@ class S3Server:
         }
 
     def start(self) -> None:
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self._server.start()
+        if self._process:
+            cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+            self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:
+            self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+            self._server.start()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -79,6 +93,10 @@ class S3Server:
         if self._server is not None:
             self._server.stop()
             self._server = None
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(30)
+            self._proc = None
 
     def boto(self) -> object:
         return boto3.client(
