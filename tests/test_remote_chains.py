@@ -33,7 +33,8 @@ from statelog.compaction.fold import compact
 from statelog.remote import RemoteIntegrityError, read_manifest, restore, ship
 from statelog.remote.checks import chain_problem
 from statelog.remote.client import RemoteClient
-from statelog.remote.manifest import Entry, Manifest
+from statelog.remote.entry import Entry
+from statelog.remote.manifest import Manifest
 from statelog.remote.pins import remote_pin
 from statelog.remote.plan import Planner
 from statelog.storage.fileio import FileLayer

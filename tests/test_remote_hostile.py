@@ -4,7 +4,9 @@
 |--------------------------------------------------|----------------------------------------------|
 | entry named ``../x``, ``/abs``, with NUL, or not | RemoteIntegrityError before any download;    |
 |   spelled as the store spells it; a bad kind or  |   nothing written, no destination            |
-|   key                                            |                                              |
+|   key; an unknown encoding, an encoded snapshot, |                                              |
+|   a decoded size over 1024 times the object's,   |                                              |
+|   an encoded entry in a format-1 manifest        |                                              |
 | the same through ``statelog.open(remote=URL)``   | the same                                     |
 | a symlink where the staging directory goes       | NotAStoreError; the link's target untouched  |
 | a symlink planted inside staging mid-restore     | NotAStoreError; nothing written through it   |
@@ -51,7 +53,8 @@ from statelog.remote import (
     ship,
 )
 from statelog.remote.checks import IDENTITY_LIMIT
-from statelog.remote.manifest import FORMAT, Entry, Manifest
+from statelog.remote.entry import Entry
+from statelog.remote.manifest import FORMAT, Manifest
 from statelog.remote.plan import Planner, plan_restore
 from tests.s3server import Remote, remote, s3  # noqa: F401
 from tests.test_remote import commit_range, res_id, state_of
@@ -164,6 +167,15 @@ def _set(field: str, value: Callable[[dict[str, Any], Path], str], kind: str = "
     return change
 
 
+def _encoded_snapshot(doc: dict[str, Any], outside: Path) -> None:
+    e = next(e for e in doc["objects"] if e["kind"] == "snapshot")
+    e["encoding"], e["file_size"], e["file_sha256"] = "zstd", e["size"], e["sha256"]
+
+
+def _format_1(doc: dict[str, Any], outside: Path) -> None:
+    doc["format"] = FORMAT
+
+
 HOSTILE = {
     "dotdot": _set("name", lambda e, o: "../x"),
     "absolute": _set("name", lambda e, o: str(o / "planted.wal")),
@@ -175,6 +187,10 @@ HOSTILE = {
     "segment-named-as-snapshot": _set("name", lambda e, o: e["name"][:-4] + ".snap"),
     "kind": _set("kind", lambda e, o: "../wal"),
     "key-dotdot": _set("key", lambda e, o: e["key"].replace("/wal/", "/wal/../../")),
+    "encoding-unknown": _set("encoding", lambda e, o: "gzip"),
+    "encoded-snapshot": _encoded_snapshot,
+    "decodes-to-a-disk": _set("file_size", lambda e, o: 1025 * e["size"]),
+    "encoded-in-format-1": _format_1,
 }
 
 

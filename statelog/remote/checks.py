@@ -30,33 +30,34 @@ import stat
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from statelog.errors import NotAStoreError
 from statelog.format.snapshot import parse_snapshot_name, snapshot_name
 from statelog.format.wal import parse_segment_name, segment_name
+from statelog.remote.entry import Entry
 from statelog.remote.errors import RemoteIntegrityError
 from statelog.remote.url import StoreKeys
 from statelog.storage.levels import MAX_DEPTH
-
-if TYPE_CHECKING:
-    from statelog.remote.manifest import Entry
 
 __all__ = [
     "IDENTITY_LIMIT",
     "KINDS",
     "MANIFEST_LIMIT",
+    "MAX_DECODE_RATIO",
     "PIN_LIMIT",
     "Confined",
     "chain_problem",
     "check_entries",
     "check_garbage",
+    "encoding_problem",
     "local_name_problem",
     "store_id_of",
 ]
 
 MANIFEST_LIMIT = 64 << 20
 """Largest MANIFEST read, in bytes: 100,000 entries take a few MB."""
+MAX_DECODE_RATIO = 1024
+"""The most an encoded object may claim to decode to, times its own size."""
 PIN_LIMIT = MANIFEST_LIMIT
 """Largest pin read: a pin names the keys of one MANIFEST version."""
 IDENTITY_LIMIT = 64 << 10
@@ -71,7 +72,7 @@ KINDS = {
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _NUMBERS = (
     "size", "generation", "sequence", "first_lsn", "prev_crc", "last_lsn", "end_crc", "epoch",
-    "depth",
+    "depth", "file_size",
 )  # fmt: skip
 _REFUSED = (
     "the MANIFEST names an object or a file outside the store's grammar; nothing was "
@@ -130,9 +131,12 @@ def chain_problem(e: Entry) -> str | None:
     return None
 
 
-def check_entries(manifest_key: str, store_id: uuid.UUID, entries: Iterable[Entry]) -> None:
+def check_entries(
+    manifest_key: str, store_id: uuid.UUID, entries: Iterable[Entry], *, encoded: bool = False
+) -> None:
     """Refuse the MANIFEST if any entry breaks the grammar (module docstring).
 
+    :param encoded: the manifest's format allows encoded objects.
     :raises RemoteIntegrityError: naming ``manifest_key`` and the first bad entry.
     """
     keys = StoreKeys(store_id)
@@ -147,9 +151,32 @@ def check_entries(manifest_key: str, store_id: uuid.UUID, entries: Iterable[Entr
         if why is None and not _SHA256.fullmatch(e.sha256):
             why = f"{e.key!r} has no SHA-256 of 64 lower-case hex digits"
         if why is None:
-            why = chain_problem(e)
+            why = chain_problem(e) or encoding_problem(e, encoded)
         if why is not None:
             raise RemoteIntegrityError(manifest_key, why, hint=_REFUSED)
+
+
+def encoding_problem(e: Entry, allowed: bool) -> str | None:
+    """Why ``e``'s encoding fields are not ones the shipper writes; None if they are.
+
+    Unencoded: no ``file_size`` or ``file_sha256``. Encoded (``zstd``, a
+    segment only, in a manifest whose format allows it): the file's SHA-256
+    in hex, and a file size of at most :data:`MAX_DECODE_RATIO` times the
+    object's, so a small object cannot claim to decode to a disk's worth.
+    """
+    if not e.encoding:
+        if e.file_size or e.file_sha256:
+            return f"{e.key!r} is not encoded but names a decoded size or hash"
+        return None
+    if not allowed:
+        return f"{e.key!r} is encoded in a manifest of a format without encodings"
+    if e.encoding != "zstd" or e.kind != "wal":
+        return f"{e.key!r}: {e.kind} objects are not encoded as {e.encoding[:16]!r}"
+    if not _SHA256.fullmatch(e.file_sha256):
+        return f"{e.key!r} has no decoded SHA-256 of 64 lower-case hex digits"
+    if not 0 < e.file_size <= MAX_DECODE_RATIO * max(e.size, 1):
+        return f"{e.key!r} claims to decode to {e.file_size} bytes from {e.size}"
+    return None
 
 
 def check_garbage(manifest_key: str, store_id: uuid.UUID, keys: Iterable[str]) -> None:

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from statelog.errors import CorruptionError, FormatVersionError
+from statelog.remote.entry import Entry
 from statelog.remote.errors import RemoteIntegrityError, RemoteNotFoundError
-from statelog.remote.manifest import Entry
 from statelog.remote.staging import Staging
 from statelog.storage.image_cache import extract_stamped, image_path
 from statelog.storage.image_stamp import stamp_of

@@ -49,13 +49,14 @@ import msgspec
 from statelog.errors import FencedError, RemoteError
 from statelog.remote.checks import MANIFEST_LIMIT, check_entries, check_garbage
 from statelog.remote.client import RemoteClient
+from statelog.remote.entry import Entry
 from statelog.remote.errors import ConditionFailedError, RemoteIntegrityError, RemoteNotFoundError
 from statelog.remote.signing import KEY_ENV, sign, verify
 from statelog.remote.url import StoreKeys
 
 __all__ = [
+    "ENCODED_FORMAT",
     "FORMAT",
-    "Entry",
     "Manifest",
     "Versioned",
     "acquire",
@@ -71,40 +72,10 @@ __all__ = [
 log = logging.getLogger("statelog.remote")
 
 FORMAT = 1
+ENCODED_FORMAT = 2
+"""The format of a manifest listing an encoded (compressed) object: older readers, which
+would take such an object for the file itself, refuse it at the format check."""
 _ROUNDS = 20  # conditional-write rounds before giving up on a busy manifest
-
-
-class Entry(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One shipped object. LSNs and crcs let restore plan the chain without downloading.
-
-    A snapshot entry also carries its place in a snapshot chain, so planning
-    needs no download: ``digest`` is the snapshot's footer digest (hex), and
-    a delta names its ``parent`` (file name), the parent's footer digest
-    (``parent_sha256``) and its ``depth`` (1: the parent is full). All four
-    default to empty or 0, which is also how a manifest written before delta
-    snapshots spells a full snapshot, so such a manifest reads unchanged (and
-    re-encodes to the same bytes: defaults are omitted, so a signature over
-    it still verifies). ``time_ms``, a snapshot's time for retention by time,
-    is read the same way: 0 (absent) is unknown, and keeps the snapshot.
-    """
-
-    key: str  # relative to the URL's prefix
-    kind: str  # "wal" or "snapshot"
-    name: str  # the local file name
-    sha256: str
-    size: int
-    generation: int
-    sequence: int = 0  # wal: header sequence
-    first_lsn: int = 0  # wal: header first LSN
-    prev_crc: int = 0  # wal: header chain value
-    last_lsn: int = 0  # wal: LSN in the SEAL; snapshot: its LSN
-    end_crc: int = 0  # wal: the SEAL frame's crc; snapshot: its chain
-    epoch: int = 0  # snapshot: its epoch
-    digest: str = ""  # snapshot: its footer digest, hex ("": not recorded, an old manifest)
-    parent: str = ""  # delta snapshot: its parent's file name
-    parent_sha256: str = ""  # delta snapshot: the parent's footer digest it names, hex
-    depth: int = 0  # snapshot: deltas from its full snapshot (0: it is full)
-    time_ms: int = 0  # snapshot: its time (statelog.compaction.window.meta_time); 0: not recorded
 
 
 class Manifest(msgspec.Struct, frozen=True):
@@ -162,9 +133,9 @@ def _decode(key: str, data: bytes, secret: bytes | None) -> Manifest:
         m = msgspec.json.decode(body, type=Manifest)
     except (msgspec.DecodeError, RecursionError) as exc:  # nesting too deep: crafted
         raise RemoteIntegrityError(key, f"manifest does not decode: {exc}") from exc
-    if m.format != FORMAT:
+    if m.format not in (FORMAT, ENCODED_FORMAT):
         raise RemoteError(
-            f"{key}: manifest format {m.format}, this statelog reads {FORMAT}",
+            f"{key}: manifest format {m.format}, this statelog reads {FORMAT} and {ENCODED_FORMAT}",
             hint="upgrade statelog on this host; nothing was changed",
         )
     if secret is not None and not (m.signature and verify(secret, canonical(m), m.signature)):
@@ -195,7 +166,7 @@ def read_manifest(client: RemoteClient, store_id: uuid.UUID) -> Versioned | None
     m = _decode(keys.manifest, got.data, client.key)
     if m.store_id != str(store_id):
         raise RemoteIntegrityError(keys.manifest, f"manifest of store {m.store_id}")
-    check_entries(keys.manifest, store_id, m.objects)
+    check_entries(keys.manifest, store_id, m.objects, encoded=m.format >= ENCODED_FORMAT)
     check_garbage(keys.manifest, store_id, m.garbage)
     return Versioned(m, got.etag or "")
 

@@ -31,7 +31,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from statelog.remote.manifest import Entry, Manifest
+from statelog.remote.entry import Entry
+from statelog.remote.manifest import Manifest
 
 __all__ = ["Plan", "Planner", "follow_chain", "plan_restore"]
 

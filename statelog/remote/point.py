@@ -25,7 +25,8 @@ from statelog.log.reader import scan_segment
 from statelog.recovery.point import record_end
 from statelog.recovery.timeline import snapshot_commit_ms, to_ms
 from statelog.remote.client import RemoteClient
-from statelog.remote.manifest import Entry, Manifest, commit
+from statelog.remote.entry import Entry
+from statelog.remote.manifest import Manifest, commit
 from statelog.remote.plan import plan_restore
 from statelog.remote.record import load_record, update_record
 from statelog.remote.staging import Staging

@@ -55,10 +55,11 @@ from statelog.log.reader import SegmentScan, StopKind, scan_segment
 from statelog.recovery.readonly import recover_readonly
 from statelog.remote.checks import IDENTITY_LIMIT, store_id_of
 from statelog.remote.client import RemoteClient
+from statelog.remote.entry import Entry
 from statelog.remote.errors import RemoteIntegrityError, RemoteNotFoundError
 from statelog.remote.links import ChainFetcher
 from statelog.remote.links import refuse as _refuse
-from statelog.remote.manifest import Entry, Manifest, acquire, read_manifest
+from statelog.remote.manifest import Manifest, acquire, read_manifest
 from statelog.remote.pins import remote_pin
 from statelog.remote.plan import Planner
 from statelog.remote.point import Point, apply_cut

@@ -45,7 +45,8 @@ import msgspec
 from statelog.compaction.window import check_window, cutoff_ms
 from statelog.errors import InvalidOptionError
 from statelog.remote.client import RemoteClient
-from statelog.remote.manifest import Entry, Manifest, commit
+from statelog.remote.entry import Entry
+from statelog.remote.manifest import Manifest, commit
 from statelog.remote.pins import ALL, live_pinned_keys
 from statelog.remote.plan import Planner
 

@@ -8,9 +8,9 @@ One call (:func:`ship`), in this order:
    writer's claim of the same directory created: :func:`.manifest.create_first`);
    a stale generation is :class:`~statelog.errors.FencedError` before
    anything is uploaded;
-2. upload ``IDENTITY`` once, then each sealed segment in log order, then
-   each snapshot oldest first (so a delta's parent is listed no later than
-   the delta; its entry records the chain link: :class:`.manifest.Entry`).
+2. upload ``IDENTITY`` once, then each sealed segment in log order (one
+   zstd frame: :mod:`.encoding`), then each snapshot oldest first (a delta's
+   parent listed no later than the delta: :class:`.entry.Entry`).
    Every file is verified whole before it is read for upload (the segment
    scan, the snapshot hash): damage is never shipped. Each upload is a
    create (If-None-Match) of a key under this generation, carrying the
@@ -25,15 +25,12 @@ One call (:func:`ship`), in this order:
 5. optionally, remote retention (:mod:`.retention`).
 
 The writer's active segment is never shipped. Every step is safe to repeat.
-
 A segment whose header names a generation below the one shipping
-(:func:`header_generation`) is one of two things. If its sequence is at
-most ``adopted_through`` in ``remote.json`` it was in ``wal/`` when this
-directory took the store over: history the new generation adopted, shipped
-under its keys like any other. Otherwise an older writer created it after
-the takeover: a zombie's segment, refused with FencedError. So is one that
-follows a segment of a higher generation in the log (rule H5 of
-``docs/format.md``: recovery cuts it too).
+(:func:`header_generation`) is history this directory adopted at its
+takeover if its sequence is at most ``adopted_through`` in ``remote.json``
+(shipped like any other); otherwise a zombie's segment, refused with
+FencedError, as is one that follows a segment of a higher generation
+(rule H5 of ``docs/format.md``: recovery cuts it too).
 """
 
 from __future__ import annotations
@@ -55,9 +52,11 @@ from statelog.format.wal import SegmentHeader
 from statelog.log.reader import StopKind, peek_generation, peek_seal, scan_segment
 from statelog.log.segments import list_segments
 from statelog.remote.client import RemoteClient
+from statelog.remote.encoding import ENCODING, encode_segment
+from statelog.remote.entry import Entry
 from statelog.remote.errors import ObjectExistsError, RemoteNotFoundError
 from statelog.remote.manifest import (
-    Entry,
+    ENCODED_FORMAT,
     Manifest,
     commit,
     create_first,
@@ -170,7 +169,7 @@ class _Uploader:
         """
         listed = self.known.get((e.kind, e.name))
         if listed is not None:
-            if listed.sha256 == e.sha256:
+            if listed.local_sha256 == e.local_sha256:  # the same file, encoded or not
                 return None
             if listed.generation >= self.gen:
                 raise RemoteError(
@@ -227,13 +226,14 @@ def _segments(
             log.info("event=segment_adopted file=%s written_by=%d generation=%d",
                      rel, written_by, gen)  # fmt: skip
         highest = max(highest, written_by)
-        h = scan.header
+        h, obj = scan.header, encode_segment(data)
         yield Entry(
             key=StoreKeys(sid).segment(gen, path.name), kind="wal", name=path.name,
-            sha256=hashlib.sha256(data).hexdigest(), size=len(data), generation=gen,
+            sha256=hashlib.sha256(obj).hexdigest(), size=len(obj), generation=gen,
             sequence=h.sequence, first_lsn=h.first_lsn, prev_crc=h.prev_crc,
-            last_lsn=scan.sealed_lsn, end_crc=scan.end_crc,
-        ), data  # fmt: skip
+            last_lsn=scan.sealed_lsn, end_crc=scan.end_crc, encoding=ENCODING,
+            file_size=len(data), file_sha256=hashlib.sha256(data).hexdigest(),
+        ), obj  # fmt: skip
 
 
 def _generation_of(path: Path) -> int:
@@ -260,8 +260,7 @@ def _snapshots(
             continue
         except FileNotFoundError:
             continue  # retention removed it meanwhile
-        # Immutable once named, so the bytes read now are the bytes just verified.
-        data = path.read_bytes()
+        data = path.read_bytes()  # immutable once named: the bytes just verified
         link = meta.delta  # a delta ships as it is; its entry names its parent for planning
         yield Entry(
             key=StoreKeys(sid).snapshot(gen, path.name), kind="snapshot", name=path.name,
@@ -377,14 +376,15 @@ def _upload(
             if added is not None:
                 new.append(added)
             listed = added or up.known[(e.kind, e.name)]
-            shipped[f"{kind}/{e.name}"] = Shipped(listed.key, e.sha256, e.size, now)
+            shipped[f"{kind}/{e.name}"] = Shipped(listed.key, listed.sha256, listed.size, now)
     return new, damaged
 
 
 def _with_entries(cur: Manifest, new: list[Entry], identity_sha: str) -> Manifest:
     present = {e.key for e in cur.objects}
     objects = cur.objects + tuple(e for e in new if e.key not in present)
-    m = msgspec.structs.replace(cur, objects=objects, identity_sha256=identity_sha)
+    fmt = ENCODED_FORMAT if any(e.encoding for e in objects) else cur.format
+    m = msgspec.structs.replace(cur, objects=objects, identity_sha256=identity_sha, format=fmt)
     plan = plan_restore(m)
     return msgspec.structs.replace(m, last_epoch=plan.epoch if plan else 0)
 

@@ -12,7 +12,10 @@ the check is refused, not followed.
 
 Durable order of one download (:meth:`Staging.fetch`): ``<name>.tmp``
 created, the object streamed in (at most the size the MANIFEST gives),
-fsync, hash checks, rename to ``<name>``, fsync of its directory.
+hash checks, fsync, rename to ``<name>``, fsync of its directory. An
+encoded object is streamed into ``<name>.obj.tmp`` instead, hash-checked,
+decoded into ``<name>.tmp`` (at most the file size the MANIFEST gives, then
+the file's hash checked), and removed once the rename is done.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from pathlib import Path
 from statelog.errors import NotAStoreError
 from statelog.remote.checks import Confined
 from statelog.remote.client import SHA256_ATTR, RemoteClient
+from statelog.remote.encoding import decode_object
+from statelog.remote.entry import Entry
 from statelog.remote.errors import RemoteIntegrityError
-from statelog.remote.manifest import Entry
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import SNAPSHOT_DIR, WAL_DIR
 
@@ -82,30 +86,44 @@ def _check_spot(root: Path) -> int:
 
 def download(client: RemoteClient, root: Confined, files: FileLayer, e: Entry) -> Path:
     """Download ``e`` into ``wal/`` or ``snapshots/`` under ``root`` (durable order in the
-    module docstring).
+    module docstring); an encoded object is decoded on the way (:mod:`.encoding`).
 
     :returns: the path written.
-    :raises RemoteIntegrityError: the object's size or hash is not the manifest's (the
-        file is not created, the temp file removed).
+    :raises RemoteIntegrityError: the object's size or hash is not the manifest's, or it
+        does not decode to the file the manifest names (the file is not created, the
+        temp files removed).
     :raises NotAStoreError: a symlink was planted on the way.
     """
     sub = WAL_DIR if e.kind == "wal" else SNAPSHOT_DIR
     dest = root.path(sub, e.name)
     tmp = root.path(sub, dest.name + ".tmp")
-    fd = os.open(tmp, _CREATE, 0o644)
+    raw = root.path(sub, dest.name + ".obj.tmp") if e.encoding else tmp
     try:
-        with os.fdopen(fd, "wb") as out:
+        flags = _CREATE & ~os.O_WRONLY | os.O_RDWR if e.encoding else _CREATE  # read back
+        with os.fdopen(os.open(raw, flags, 0o644), "w+b" if e.encoding else "wb") as out:
             got, attrs = client.get_into(e.key, out, size=e.size)
-            out.flush()
-            os.fsync(out.fileno())
-        if got != e.sha256:
-            raise RemoteIntegrityError(e.key, f"sha256 {got[:16]}..., manifest {e.sha256[:16]}...")
-        if attrs.get(SHA256_ATTR, e.sha256) != e.sha256:
-            raise RemoteIntegrityError(e.key, "the object's sha256 metadata disagrees")
+            if got != e.sha256:
+                raise RemoteIntegrityError(
+                    e.key, f"sha256 {got[:16]}..., manifest {e.sha256[:16]}..."
+                )
+            if attrs.get(SHA256_ATTR, e.sha256) != e.sha256:
+                raise RemoteIntegrityError(e.key, "the object's sha256 metadata disagrees")
+            if e.encoding:
+                out.seek(0)
+                with os.fdopen(os.open(tmp, _CREATE, 0o644), "wb") as decoded:
+                    decode_object(e.key, out, decoded, size=e.file_size, sha256=e.file_sha256)
+                    decoded.flush()
+                    os.fsync(decoded.fileno())
+            else:
+                out.flush()
+                os.fsync(out.fileno())
         files.rename(tmp, root.path(sub, dest.name))
     except BaseException:
         files.remove(tmp)
         raise
+    finally:
+        if e.encoding:
+            files.remove(raw)
     files.fsync_dir(dest.parent)
     return dest
 

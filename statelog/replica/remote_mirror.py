@@ -48,8 +48,9 @@ from statelog.errors import (
 from statelog.log.segments import list_segments
 from statelog.remote.checks import Confined
 from statelog.remote.client import RemoteClient
+from statelog.remote.entry import Entry
 from statelog.remote.errors import RemoteIntegrityError, RemoteNotFoundError
-from statelog.remote.manifest import Entry, Manifest, acquire_after, read_manifest
+from statelog.remote.manifest import Manifest, acquire_after, read_manifest
 from statelog.remote.pins import remote_pin
 from statelog.remote.plan import Plan, Planner
 from statelog.remote.record import Shipped, ShipRecord, update_record
@@ -193,7 +194,7 @@ def _present(src: RemoteSource, dest: Path, e: Entry) -> bool:
     file of another writer generation may have the same name and size)."""
     path = _path(dest, e)
     try:
-        if path.stat().st_size != e.size:
+        if path.stat().st_size != e.local_size:
             return False
     except FileNotFoundError:
         return False
@@ -203,7 +204,7 @@ def _present(src: RemoteSource, dest: Path, e: Entry) -> bool:
     with open(path, "rb") as fh:
         while chunk := fh.read(1 << 20):
             h.update(chunk)
-    if h.hexdigest() != e.sha256:
+    if h.hexdigest() != e.local_sha256:
         return False
     src.held[e.name] = e.key
     return True
@@ -245,7 +246,8 @@ def _download(
         the segment a snapshot ends in, whose start lies before the snapshot).
     """
     sub = WAL_DIR if e.kind == "wal" else SNAPSHOT_DIR
-    files.remove(root.path(sub, e.name + ".tmp"))  # left by a look that died mid-download
+    for left in (".tmp", ".obj.tmp"):  # left by a look that died mid-download
+        files.remove(root.path(sub, e.name + left))
     try:
         path = download(src.client, root, files, e)
     except (RemoteIntegrityError, RemoteNotFoundError) as exc:

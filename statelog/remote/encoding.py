@@ -1,0 +1,76 @@
+"""How a sealed segment travels: its bytes zstd-compressed into one object, and back.
+
+A segment's records are checksummed, not compressed; the bucket and the
+link between them are where size costs most (every byte is uploaded once
+and downloaded by every restore and standby). So the shipper stores each
+sealed segment as one zstd frame (level :data:`LEVEL`, the content size in
+its header), and its manifest entry records ``encoding="zstd"``, the
+object's size and SHA-256 (what the download checks) and the file's
+(``file_size``, ``file_sha256``: what the decoded bytes must be). Snapshots
+are already compressed and ship as they are.
+
+Decoding reads untrusted bytes: it stops at the first byte past the
+declared file size, and any frame that does not decode is refused; the
+caller removes what was written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import IO
+
+import zstandard
+
+from statelog.remote.errors import RemoteIntegrityError
+
+__all__ = ["ENCODING", "LEVEL", "decode_object", "encode_segment"]
+
+ENCODING = "zstd"
+LEVEL = 1
+"""zstd's fastest standard level: the shipper (the daemon, or the writer's shipping
+thread), never the commit path, pays for it once per segment."""
+_CHUNK = 1 << 20
+
+
+def encode_segment(data: bytes) -> bytes:
+    """The object that holds the sealed segment ``data`` (one zstd frame, deterministic
+    for a given zstandard version and level)."""
+    return zstandard.ZstdCompressor(level=LEVEL, write_content_size=True).compress(data)
+
+
+class _Bounded:
+    """A sink for the decoded bytes: hashes and writes them, refusing past ``limit``."""
+
+    def __init__(self, key: str, out: IO[bytes], limit: int) -> None:
+        self.key, self.out, self.limit = key, out, limit
+        self.written = 0
+        self.hash = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.written += len(data)
+        if self.written > self.limit:
+            raise RemoteIntegrityError(self.key, f"decodes past the {self.limit} bytes it names")
+        self.hash.update(data)
+        self.out.write(data)
+        return len(data)
+
+
+def decode_object(key: str, src: IO[bytes], out: IO[bytes], *, size: int, sha256: str) -> None:
+    """Decode the object read from ``src`` into ``out``: exactly ``size`` bytes of SHA-256
+    ``sha256``, else refused.
+
+    :raises RemoteIntegrityError: the frame does not decode, decodes to more or fewer
+        bytes than ``size``, or to other bytes than ``sha256`` names.
+    """
+    sink = _Bounded(key, out, size)
+    try:
+        # zstandard calls only read() and write() on them.
+        zstandard.ZstdDecompressor().copy_stream(src, sink, read_size=_CHUNK, write_size=_CHUNK)  # type: ignore[arg-type]
+    except zstandard.ZstdError as exc:
+        raise RemoteIntegrityError(key, f"the zstd frame does not decode: {exc}") from None
+    if sink.written != size:
+        raise RemoteIntegrityError(
+            key, f"decodes to {sink.written} bytes, the manifest says {size}"
+        )
+    if sink.hash.hexdigest() != sha256:
+        raise RemoteIntegrityError(key, "decodes to other bytes than the manifest's hash names")

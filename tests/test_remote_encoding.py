@@ -1,0 +1,125 @@
+"""Sealed segments travel zstd-compressed (``statelog.remote.encoding``), and nothing
+about the compressed form can be used against a restore.
+
+| what the bucket holds                                 | expected                              |
+|-------------------------------------------------------|---------------------------------------|
+| what the shipper wrote: each segment one zstd frame   | restores exactly; fewer bytes shipped |
+| an object that decodes past the file size it names    | that segment refused at the first     |
+|   (a bomb, the manifest re-hashed by someone)         |   byte past it; the restore stops     |
+|                                                       |   before it                           |
+| an object that decodes to other bytes than named      | refused the same way                  |
+| a bucket an older shipper wrote (format 1, raw)       | restores exactly                      |
+| manifest grammar: unknown encoding, an encoded        | refused before any download           |
+|   snapshot, a file size over 1024 times the object,   |   (``tests/test_remote_hostile.py``)  |
+|   an encoded entry in a format-1 manifest             |                                       |
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from pathlib import Path
+from typing import Any
+
+import zstandard
+
+from statelog.remote import read_manifest, restore, ship
+from statelog.remote.entry import Entry
+from statelog.remote.manifest import ENCODED_FORMAT, FORMAT
+from tests.s3server import Remote, remote, s3  # noqa: F401
+from tests.test_remote import commit_range, res_id, state_of
+from tests.test_remote_hostile import forge_manifest, put_object, small_store
+
+
+def _wal(remote: Remote, sid: uuid.UUID) -> list[Entry]:  # noqa: F811
+    cur = read_manifest(remote.client(), sid)
+    assert cur is not None
+    return sorted(cur.manifest.segments, key=lambda e: e.first_lsn)
+
+
+def test_segments_ship_compressed_and_restore_exactly(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
+    src = small_store(tmp_path, remote)
+    cur = read_manifest(remote.client(), res_id(src))
+    assert cur is not None and cur.manifest.format == ENCODED_FORMAT
+    segments = cur.manifest.segments
+    assert segments and all(e.encoding == "zstd" for e in segments)
+    for e in segments:
+        raw = (src / "wal" / e.name).read_bytes()
+        assert (e.file_size, e.file_sha256) == (len(raw), hashlib.sha256(raw).hexdigest())
+        assert e.size < e.file_size
+    res = restore(remote.url, tmp_path / "dst", client=remote.client())
+    assert res.epoch == 250 and state_of(tmp_path / "dst") == state_of(src)
+    for e in segments:
+        assert (tmp_path / "dst" / "wal" / e.name).read_bytes() == (
+            src / "wal" / e.name
+        ).read_bytes()
+
+
+def _replace_newest(remote: Remote, sid: uuid.UUID, body: bytes) -> Entry:  # noqa: F811
+    """Put ``body`` at the newest segment's key and re-hash its entry, as someone
+    without a shipping key could; the entry's file size and hash are left as they were."""
+    victim = _wal(remote, sid)[-1]
+    sha = hashlib.sha256(body).hexdigest()
+    put_object(remote, victim.key, body, sha=sha)
+
+    def change(doc: dict[str, Any]) -> None:
+        e = next(e for e in doc["objects"] if e["key"] == victim.key)
+        e["sha256"], e["size"] = sha, len(body)
+
+    forge_manifest(remote, sid, change)
+    return victim
+
+
+def test_an_object_decoding_past_its_file_size_is_refused(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
+    src = small_store(tmp_path, remote)
+    sid = res_id(src)
+    raw = (src / "wal" / _wal(remote, sid)[-1].name).read_bytes()
+    bomb = zstandard.ZstdCompressor(level=19).compress(raw + b"\0" * (64 << 20))
+    assert len(bomb) * 1024 > len(raw)  # within the ratio the grammar allows
+    victim = _replace_newest(remote, sid, bomb)
+    res = restore(remote.url, tmp_path / "dst", client=remote.client())
+    [(key, why)] = res.rejected
+    assert key == victim.key and f"past the {victim.file_size} bytes" in why
+    assert res.epoch == victim.first_lsn - 1
+    assert state_of(tmp_path / "dst")["epoch"] == victim.first_lsn - 1
+    assert sorted(p.name for p in (tmp_path / "dst" / "wal").iterdir() if "tmp" in p.name) == []
+
+
+def test_an_object_decoding_to_other_bytes_is_refused(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
+    src = small_store(tmp_path, remote)
+    sid = res_id(src)
+    raw = bytearray((src / "wal" / _wal(remote, sid)[-1].name).read_bytes())
+    raw[len(raw) // 2] ^= 1  # same size, other bytes
+    victim = _replace_newest(remote, sid, zstandard.ZstdCompressor().compress(bytes(raw)))
+    res = restore(remote.url, tmp_path / "dst", client=remote.client())
+    assert [k for k, _ in res.rejected] == [victim.key]
+    assert "other bytes" in res.rejected[0][1] and res.epoch == victim.first_lsn - 1
+
+
+def test_a_bucket_an_older_shipper_wrote_still_restores(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
+    src = tmp_path / "src"
+    commit_range(src, 0, 120)
+    ship(src, remote.url, client=remote.client())
+    sid = res_id(src)
+    raw = {e.key: (src / "wal" / e.name).read_bytes() for e in _wal(remote, sid)}
+    for key, body in raw.items():  # each object the file itself, as before encodings
+        put_object(remote, key, body, sha=hashlib.sha256(body).hexdigest())
+
+    def older(doc: dict[str, Any]) -> None:
+        doc["format"] = FORMAT
+        for e in doc["objects"]:
+            if e["key"] in raw:
+                e["sha256"], e["size"] = (
+                    hashlib.sha256(raw[e["key"]]).hexdigest(),
+                    len(raw[e["key"]]),
+                )
+                for field in ("encoding", "file_size", "file_sha256"):
+                    del e[field]
+
+    forge_manifest(remote, sid, older)
+    cur = read_manifest(remote.client(), sid)
+    assert cur is not None and cur.manifest.format == FORMAT
+    assert not any(e.encoding for e in cur.manifest.objects)
+    res = restore(remote.url, tmp_path / "dst", client=remote.client())
+    assert res.epoch == 120 and not res.rejected
+    assert state_of(tmp_path / "dst") == state_of(src)
