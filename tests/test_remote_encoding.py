@@ -9,6 +9,9 @@ about the compressed form can be used against a restore.
 |                                                       |   before it                           |
 | an object that decodes to other bytes than named      | refused the same way                  |
 | a bucket an older shipper wrote (format 1, raw)       | restores exactly                      |
+| a segment compressing past the ratio readers accept   | shipped as it is; restores exactly    |
+| an older shipper's raw upload whose manifest commit   | adopted, listed as the raw object it  |
+|   never landed, at the key a compressed one would use |   is; restores exactly                |
 | manifest grammar: unknown encoding, an encoded        | refused before any download           |
 |   snapshot, a file size over 1024 times the object,   |   (``tests/test_remote_hostile.py``)  |
 |   an encoded entry in a format-1 manifest             |                                       |
@@ -23,9 +26,11 @@ from typing import Any
 
 import zstandard
 
+import statelog
 from statelog.remote import read_manifest, restore, ship
 from statelog.remote.entry import Entry
 from statelog.remote.manifest import ENCODED_FORMAT, FORMAT
+from statelog.remote.url import StoreKeys
 from tests.s3server import Remote, remote, s3  # noqa: F401
 from tests.test_remote import commit_range, res_id, state_of
 from tests.test_remote_hostile import forge_manifest, put_object, small_store
@@ -123,3 +128,48 @@ def test_a_bucket_an_older_shipper_wrote_still_restores(tmp_path: Path, remote: 
     res = restore(remote.url, tmp_path / "dst", client=remote.client())
     assert res.epoch == 120 and not res.rejected
     assert state_of(tmp_path / "dst") == state_of(src)
+
+
+def test_a_segment_compressing_past_the_readers_ratio_ships_as_it_is(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    src = tmp_path / "src"
+    with statelog.open(src) as st:
+        st.commit(offsets={"p": 1}, put={"zeros": b"\0" * (16 << 20)})
+        st.commit(offsets={"p": 2}, put={"k": 1})
+    ship(src, remote.url, client=remote.client())
+    [e] = _wal(remote, res_id(src))
+    assert e.encoding == "" and e.size == (src / "wal" / e.name).stat().st_size
+    res = restore(remote.url, tmp_path / "dst", client=remote.client())
+    assert res.epoch == 2 and state_of(tmp_path / "dst") == state_of(src)
+
+
+def test_a_raw_upload_whose_commit_never_landed_is_adopted(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    src = tmp_path / "src"
+    commit_range(src, 0, 60)
+    ship(src, remote.url, client=remote.client())
+    sid = res_id(src)
+    shipped = {e.name for e in _wal(remote, sid)}
+    commit_range(src, 60, 120)
+    fresh = [p for p in sorted((src / "wal").glob("*.wal")) if p.name not in shipped][:-1]
+    assert fresh  # sealed segments not shipped yet (the last one is the active segment)
+    gen = _wal(remote, sid)[0].generation
+    for p in fresh:  # uploaded raw by an older statelog that died before its manifest commit
+        body = p.read_bytes()
+        put_object(remote, StoreKeys(sid).segment(gen, p.name), body, sha=_sha(body))
+    result = ship(src, remote.url, client=remote.client())
+    assert sorted(result.adopted) == sorted(StoreKeys(sid).segment(gen, p.name) for p in fresh)
+    by_name = {e.name: e for e in _wal(remote, sid)}
+    for p in fresh:
+        e = by_name[p.name]
+        assert (e.encoding, e.size, e.sha256) == ("", p.stat().st_size, _sha(p.read_bytes()))
+    res = restore(remote.url, tmp_path / "dst", client=remote.client())
+    assert not res.rejected and state_of(tmp_path / "dst") == state_of(src)
+
+
+def _sha(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()

@@ -44,6 +44,7 @@ __all__ = [
     "KINDS",
     "MANIFEST_LIMIT",
     "MAX_DECODE_RATIO",
+    "MAX_ENCODED_FILE",
     "PIN_LIMIT",
     "Confined",
     "chain_problem",
@@ -58,6 +59,8 @@ MANIFEST_LIMIT = 64 << 20
 """Largest MANIFEST read, in bytes: 100,000 entries take a few MB."""
 MAX_DECODE_RATIO = 1024
 """The most an encoded object may claim to decode to, times its own size."""
+MAX_ENCODED_FILE = 1 << 30
+"""The largest file an encoded object may hold; the shipper sends larger segments raw."""
 PIN_LIMIT = MANIFEST_LIMIT
 """Largest pin read: a pin names the keys of one MANIFEST version."""
 IDENTITY_LIMIT = 64 << 10
@@ -162,7 +165,9 @@ def encoding_problem(e: Entry, allowed: bool) -> str | None:
     Unencoded: no ``file_size`` or ``file_sha256``. Encoded (``zstd``, a
     segment only, in a manifest whose format allows it): the file's SHA-256
     in hex, and a file size of at most :data:`MAX_DECODE_RATIO` times the
-    object's, so a small object cannot claim to decode to a disk's worth.
+    object's and at most :data:`MAX_ENCODED_FILE`, so a small object cannot
+    claim to decode to a disk's worth. The shipper checks its own entries
+    against the same rule and ships a segment that breaks it as it is.
     """
     if not e.encoding:
         if e.file_size or e.file_sha256:
@@ -174,7 +179,7 @@ def encoding_problem(e: Entry, allowed: bool) -> str | None:
         return f"{e.key!r}: {e.kind} objects are not encoded as {e.encoding[:16]!r}"
     if not _SHA256.fullmatch(e.file_sha256):
         return f"{e.key!r} has no decoded SHA-256 of 64 lower-case hex digits"
-    if not 0 < e.file_size <= MAX_DECODE_RATIO * max(e.size, 1):
+    if not 0 < e.file_size <= min(MAX_DECODE_RATIO * e.size, MAX_ENCODED_FILE):
         return f"{e.key!r} claims to decode to {e.file_size} bytes from {e.size}"
     return None
 

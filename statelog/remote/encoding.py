@@ -17,19 +17,32 @@ caller removes what was written.
 from __future__ import annotations
 
 import hashlib
-from typing import IO
+from typing import IO, cast
 
+import msgspec
 import zstandard
 
+from statelog.remote.entry import Entry
 from statelog.remote.errors import RemoteIntegrityError
 
-__all__ = ["ENCODING", "LEVEL", "decode_object", "encode_segment"]
+__all__ = ["ENCODING", "LEVEL", "as_encoded", "decode_object", "encode_segment"]
 
 ENCODING = "zstd"
 LEVEL = 1
 """zstd's fastest standard level: the shipper (the daemon, or the writer's shipping
 thread), never the commit path, pays for it once per segment."""
 _CHUNK = 1 << 20
+_MAX_WINDOW = 8 << 20
+"""The largest window a frame may ask the decoder for (level 1 uses far less), so a
+hostile frame cannot make it allocate more."""
+
+
+def as_encoded(e: Entry, obj: bytes) -> Entry:
+    """``e`` (the entry of a file shipped as it is) for ``obj``, that file encoded."""
+    return msgspec.structs.replace(
+        e, sha256=hashlib.sha256(obj).hexdigest(), size=len(obj), encoding=ENCODING,
+        file_size=e.size, file_sha256=e.sha256,
+    )  # fmt: skip
 
 
 def encode_segment(data: bytes) -> bytes:
@@ -65,7 +78,9 @@ def decode_object(key: str, src: IO[bytes], out: IO[bytes], *, size: int, sha256
     sink = _Bounded(key, out, size)
     try:
         # zstandard calls only read() and write() on them.
-        zstandard.ZstdDecompressor().copy_stream(src, sink, read_size=_CHUNK, write_size=_CHUNK)  # type: ignore[arg-type]
+        zstandard.ZstdDecompressor(max_window_size=_MAX_WINDOW).copy_stream(
+            src, cast(IO[bytes], sink), read_size=_CHUNK, write_size=_CHUNK
+        )
     except zstandard.ZstdError as exc:
         raise RemoteIntegrityError(key, f"the zstd frame does not decode: {exc}") from None
     if sink.written != size:

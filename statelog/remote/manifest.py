@@ -358,6 +358,8 @@ def commit(
         cur = check(client, store_id, generation)
         write_id = secrets.token_hex(12)
         new = msgspec.structs.replace(change(cur.manifest), write_id=write_id, updated_ms=_now_ms())
+        # Never publish what every reader would refuse: the same checks as a read.
+        check_entries(keys.manifest, store_id, new.objects, encoded=new.format >= ENCODED_FORMAT)
         try:
             client.put_if_match(keys.manifest, new.encode(client.key), cur.etag)
             return new

@@ -51,10 +51,11 @@ from statelog.errors import CorruptionError, FencedError, FormatVersionError, Re
 from statelog.format.wal import SegmentHeader
 from statelog.log.reader import StopKind, peek_generation, peek_seal, scan_segment
 from statelog.log.segments import list_segments
+from statelog.remote.checks import encoding_problem
 from statelog.remote.client import RemoteClient
-from statelog.remote.encoding import ENCODING, encode_segment
+from statelog.remote.encoding import as_encoded, encode_segment
 from statelog.remote.entry import Entry
-from statelog.remote.errors import ObjectExistsError, RemoteNotFoundError
+from statelog.remote.errors import RemoteNotFoundError
 from statelog.remote.manifest import (
     ENCODED_FORMAT,
     Manifest,
@@ -67,6 +68,7 @@ from statelog.remote.plan import plan_restore
 from statelog.remote.point import apply_cut
 from statelog.remote.record import Shipped, ShipRecord, load_record, origin_of, update_record
 from statelog.remote.retention import RemoteRetentionResult, check_retention, retain_after_ship
+from statelog.remote.upload import Uploader
 from statelog.remote.url import StoreKeys
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
@@ -129,57 +131,6 @@ def _owner(
     return gen, cur.manifest
 
 
-class _Uploader:
-    """Uploads one call's files and remembers what it did."""
-
-    def __init__(self, client: RemoteClient, keys: StoreKeys, gen: int, m: Manifest) -> None:
-        self.client, self.keys, self.gen = client, keys, gen
-        self.known = {(e.kind, e.name): e for e in m.objects}
-        self.uploaded: list[str] = []
-        self.adopted: list[str] = []
-        self.bytes = 0
-
-    def put(self, key: str, data: bytes, sha: str) -> None:
-        """Create ``key``; an existing object with the same hash is ours (a retried upload).
-
-        :raises RemoteError: an existing object with another hash (never overwritten).
-        """
-        try:
-            self.client.put_new(key, data, metadata={"statelog-generation": str(self.gen)})
-        except ObjectExistsError:
-            theirs = self.client.head_sha256(key)
-            if theirs != sha:
-                raise RemoteError(
-                    f"{key} exists with sha256 {theirs}, ours is {sha}",
-                    hint="shipped objects are immutable; two histories diverged: run "
-                    "`statelog verify` and restore this store from the remote",
-                ) from None
-            self.adopted.append(key)
-            return
-        self.uploaded.append(key)
-        self.bytes += len(data)
-
-    def entry(self, e: Entry, data: bytes) -> Entry | None:
-        """Ship ``data`` as ``e`` unless the manifest lists it already; the entry to add.
-
-        A listed file of the same name but other bytes is an error if our own
-        generation listed it; from an older generation it is a history this
-        writer superseded (it restored to an earlier epoch), shipped under our
-        key beside it: restore follows the newest generation at a fork.
-        """
-        listed = self.known.get((e.kind, e.name))
-        if listed is not None:
-            if listed.local_sha256 == e.local_sha256:  # the same file, encoded or not
-                return None
-            if listed.generation >= self.gen:
-                raise RemoteError(
-                    f"{e.kind} {e.name} differs from the copy shipped as {listed.key}",
-                    hint="this store and the remote diverged; restore it from the remote",
-                )
-        self.put(e.key, data, e.sha256)
-        return e
-
-
 def _segments(
     store: Path, sid: uuid.UUID, gen: int, adopted_through: int, done: set[str]
 ) -> Iterator[tuple[Entry, bytes] | Path]:
@@ -227,13 +178,16 @@ def _segments(
                      rel, written_by, gen)  # fmt: skip
         highest = max(highest, written_by)
         h, obj = scan.header, encode_segment(data)
-        yield Entry(
+        e = Entry(
             key=StoreKeys(sid).segment(gen, path.name), kind="wal", name=path.name,
-            sha256=hashlib.sha256(obj).hexdigest(), size=len(obj), generation=gen,
+            sha256=hashlib.sha256(data).hexdigest(), size=len(data), generation=gen,
             sequence=h.sequence, first_lsn=h.first_lsn, prev_crc=h.prev_crc,
-            last_lsn=scan.sealed_lsn, end_crc=scan.end_crc, encoding=ENCODING,
-            file_size=len(data), file_sha256=hashlib.sha256(data).hexdigest(),
-        ), obj  # fmt: skip
+            last_lsn=scan.sealed_lsn, end_crc=scan.end_crc,
+        )  # fmt: skip
+        if encoding_problem(encoded := as_encoded(e, obj), True) is None:
+            yield encoded, obj
+        else:  # beyond what a reader accepts (too large, or compressing too far): as it is
+            yield e, data
 
 
 def _generation_of(path: Path) -> int:
@@ -307,7 +261,7 @@ def ship(
         apply_cut(store, client, sid, gen, files)
         gen, m = _owner(client, store, sid, rec := load_record(store, files) or rec, generation)
     keys = StoreKeys(sid)
-    up = _Uploader(client, keys, gen, m)
+    up = Uploader(client, keys, gen, m)
     identity = files.read(store / IDENTITY)
     identity_sha = hashlib.sha256(identity).hexdigest()
     if m.identity_sha256 != identity_sha:
@@ -350,7 +304,7 @@ def _upload(
     files: FileLayer,
     sid: uuid.UUID,
     rec: ShipRecord,
-    up: _Uploader,
+    up: Uploader,
     shipped: dict[str, Shipped],
     now: int,
 ) -> tuple[list[Entry], list[Path]]:

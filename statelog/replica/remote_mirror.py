@@ -231,7 +231,7 @@ def _fetch(
         if e.key in todo:
             which = result.snapshots if e.kind == "snapshot" else result.segments
             which.append(f"{SNAPSHOT_DIR if e.kind == 'snapshot' else WAL_DIR}/{e.name}")
-            result.copied_bytes += e.size
+            result.copied_bytes += e.local_size
         if e.kind == "wal" and e is not plan.covering:
             chain = e.end_crc
     return True
