@@ -66,9 +66,9 @@ def pass_section(doc: Doc) -> list[str]:
 
 def sustained_section(doc: Doc) -> list[str]:
     """The sustained-load suite: bytes per checkpoint, throughput, the writer's RssAnon."""
-    runs = sorted(
-        suite(doc, "sustained"), key=lambda r: (r["keys"], r.get("max_overlay_bytes") or 0)
-    )
+    # One row per size and bound: a later results file's run replaces an earlier one's.
+    latest = {(r["keys"], r.get("max_overlay_bytes") or 0): r for r in suite(doc, "sustained")}
+    runs = [latest[k] for k in sorted(latest)]
     if not runs:
         return []
     rows, mem = [], []
