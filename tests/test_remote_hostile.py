@@ -5,7 +5,8 @@
 | entry named ``../x``, ``/abs``, with NUL, or not | RemoteIntegrityError before any download;    |
 |   spelled as the store spells it; a bad kind or  |   nothing written, no destination            |
 |   key; an unknown encoding, an encoded snapshot, |                                              |
-|   a decoded size over 1024 times the object's,   |                                              |
+|   a decoded size over 1024 times the object's or |                                              |
+|   over 256 MiB,                                  |                                              |
 |   an encoded entry in a format-1 manifest        |                                              |
 | the same through ``statelog.open(remote=URL)``   | the same                                     |
 | a symlink where the staging directory goes       | NotAStoreError; the link's target untouched  |
@@ -52,7 +53,7 @@ from statelog.remote import (
     restore,
     ship,
 )
-from statelog.remote.checks import IDENTITY_LIMIT
+from statelog.remote.checks import IDENTITY_LIMIT, MAX_ENCODED_FILE
 from statelog.remote.entry import Entry
 from statelog.remote.manifest import FORMAT, Manifest
 from statelog.remote.plan import Planner, plan_restore
@@ -176,6 +177,11 @@ def _format_1(doc: dict[str, Any], outside: Path) -> None:
     doc["format"] = FORMAT
 
 
+def _past_the_cap(doc: dict[str, Any], outside: Path) -> None:
+    e = _first_wal(doc)  # within the ratio, one byte past the largest encoded file
+    e["size"], e["file_size"] = 1 << 20, MAX_ENCODED_FILE + 1
+
+
 HOSTILE = {
     "dotdot": _set("name", lambda e, o: "../x"),
     "absolute": _set("name", lambda e, o: str(o / "planted.wal")),
@@ -191,6 +197,7 @@ HOSTILE = {
     "encoded-snapshot": _encoded_snapshot,
     "decodes-to-a-disk": _set("file_size", lambda e, o: 1025 * e["size"]),
     "encoded-in-format-1": _format_1,
+    "decodes-past-the-cap": _past_the_cap,
 }
 
 

@@ -59,8 +59,10 @@ MANIFEST_LIMIT = 64 << 20
 """Largest MANIFEST read, in bytes: 100,000 entries take a few MB."""
 MAX_DECODE_RATIO = 1024
 """The most an encoded object may claim to decode to, times its own size."""
-MAX_ENCODED_FILE = 1 << 30
-"""The largest file an encoded object may hold; the shipper sends larger segments raw."""
+MAX_ENCODED_FILE = 256 << 20
+"""The largest file an encoded object may hold (four default segments; a restore reads a
+segment whole, so this bounds what a small hostile object can make it hold); the
+shipper sends larger segments raw."""
 PIN_LIMIT = MANIFEST_LIMIT
 """Largest pin read: a pin names the keys of one MANIFEST version."""
 IDENTITY_LIMIT = 64 << 10
