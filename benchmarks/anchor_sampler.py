@@ -31,12 +31,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.anchor_slatedb import newest_checkpoint, store_from_spec
+from statelog.remote import RemoteClient, restore
+
 __all__ = ["main"]
 
 
 def _statelog(url: str, loads: str) -> Callable[[Path], int]:
-    from statelog.remote import RemoteClient, restore
-
     client = RemoteClient.from_url(url, env=dict(os.environ))
 
     def newest(tmp: Path) -> int:
@@ -59,8 +60,6 @@ def _litestream(binary: str, config: str, db: str) -> Callable[[Path], int]:
 
 
 def _slatedb(spec: str) -> Callable[[Path], int]:
-    from benchmarks.anchor_slatedb import newest_checkpoint, store_from_spec
-
     def newest(tmp: Path) -> int:
         return asyncio.run(newest_checkpoint(store_from_spec(json.loads(spec))))
 

@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import statelog
 from statelog.remote import RemoteClient, restore
@@ -55,7 +55,7 @@ class _Acks:
         self.times: list[float] = []  # checkpoint n (1-based) acknowledged at times[n - 1]
         self.lags: list[float] = []
         self._proc: subprocess.Popen[str] | None = None
-        self._out: tempfile._TemporaryFileWrapper[str] | None = None
+        self._out: IO[str] | None = None
 
     def ack(self) -> None:
         self.times.append(time.time())

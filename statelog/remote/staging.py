@@ -37,6 +37,7 @@ from statelog.storage.layout import SNAPSHOT_DIR, WAL_DIR
 __all__ = ["Staging", "download", "resolve_dest", "staging_of"]
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_CREATE_RW = _CREATE & ~os.O_WRONLY | os.O_RDWR
 
 
 def resolve_dest(dest: Path) -> Path:
@@ -99,7 +100,7 @@ def download(client: RemoteClient, root: Confined, files: FileLayer, e: Entry) -
     tmp = root.path(sub, dest.name + ".tmp")
     raw = root.path(sub, dest.name + ".obj.tmp") if e.encoding else tmp
     try:
-        flags = _CREATE & ~os.O_WRONLY | os.O_RDWR if e.encoding else _CREATE  # read back
+        flags = _CREATE_RW if e.encoding else _CREATE  # an encoded object is read back
         with os.fdopen(os.open(raw, flags, 0o644), "w+b" if e.encoding else "wb") as out:
             got, attrs = client.get_into(e.key, out, size=e.size)
             if got != e.sha256:

@@ -227,8 +227,8 @@ def reusable_image(
     with ``files`` (a writer's open, which owns ``image_dir``), its stamp is
     then settled so the next restart does not read it again.
     """
-    for image, doc, meta in _candidates(image_dir, snapshot, store_id):
-        if doc["settled_now"]:
+    for image, doc, meta, settled in _candidates(image_dir, snapshot, store_id):
+        if settled:
             return image, meta
         try:
             intact = image.stat().st_size == doc["image_bytes"] and _check_once(
@@ -256,7 +256,7 @@ def copy_reusable(
     image removed or replaced while it was copied is never used. None if
     no candidate survives (the caller extracts the snapshot instead).
     """
-    for image, doc, meta in _candidates(image_dir, snapshot, store_id):
+    for image, doc, meta, _settled in _candidates(image_dir, snapshot, store_id):
         dest = image_path(dest_dir, snapshot)
         try:
             shutil.copyfile(image, dest)
@@ -271,13 +271,13 @@ def copy_reusable(
 
 def _candidates(
     image_dir: Path, snapshot: Path, store_id: uuid.UUID
-) -> Iterator[tuple[Path, dict[str, Any], SnapshotMeta]]:
-    """Images in ``image_dir`` whose stamp names ``snapshot`` as it is now, of this store.
+) -> Iterator[tuple[Path, dict[str, Any], SnapshotMeta, bool]]:
+    """Images in ``image_dir`` whose stamp names ``snapshot`` as it is now, of this store,
+    each with whether its settled stamp still matches both files.
 
     Stops, yielding nothing more, if ``snapshot`` no longer hashes to its
     footer (damaged since: the extraction names the damage); the hash is
-    skipped for a candidate whose settled stamp still matches both files
-    (``doc["settled_now"]``).
+    skipped for a candidate whose settled stamp still matches both files.
     """
     stem = snapshot.name.removesuffix(".snap")
     try:
@@ -295,12 +295,12 @@ def _candidates(
         if named != (snapshot.name, size, footer) or meta.store_id != store_id:
             continue
         image = stamp.with_name(stamp.name.removesuffix(STAMP_SUFFIX))
-        doc["settled_now"] = settled_matches(doc, image, snapshot)
-        if not hashed and not doc["settled_now"]:
+        settled = settled_matches(doc, image, snapshot)
+        if not hashed and not settled:
             if not _check_once(snapshot, footer, lambda: _hashes_to_footer(snapshot, size, footer)):
                 return
             hashed = True
-        yield image, doc, meta
+        yield image, doc, meta, settled
 
 
 def _hashes_to_footer(snapshot: Path, size: int, footer: str) -> bool:
