@@ -19,11 +19,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 import statelog
+from statelog.compaction.delta import ChainPolicy
 from statelog.compaction.fold import compact
 from statelog.log.segments import list_segments
 from statelog.recovery.ladder import check_link
@@ -148,8 +150,32 @@ def _check_retained(root: Path, retain: int, pinned: set[str]) -> None:
     assert covered == [] or covered[0] in pinned, covered
 
 
-# (max_chain, full_ratio) of each pass: deltas, chains at their length merged into
-# one delta on the full snapshot (a rebase: depth 1 again), full merges by bytes
+# -- which deltas a rebase merges: size-tiered ---------------------------------------------------
+
+# (body bytes of the chain, full snapshot first; max_chain; snapshots kept below the new delta)
+REBASE_KEEP = [
+    ([100, 10, 10, 10], 3, 1),  # equal deltas: all merged onto the full snapshot
+    ([100, 50, 10, 5], 3, 3),  # each older delta heavier: only the newest merged
+    ([100, 50, 10, 12], 3, 2),  # the newest outweighs the one below: both merged
+    ([100, 50, 40, 30, 5], 2, 1),  # a chain longer than max_chain: merged down to fit
+    ([100, 50, 40, 30, 5], 3, 3),  # longer than max_chain, the rest heavier: just fits
+    ([100, 20], 1, 1),
+]
+
+
+@pytest.mark.parametrize(("bodies", "max_chain", "keep"), REBASE_KEEP)
+def test_a_rebase_merges_the_newest_deltas_until_an_older_one_outweighs_them(
+    bodies: list[int], max_chain: int, keep: int
+) -> None:
+    metas = cast(Any, [SimpleNamespace(body_bytes=b) for b in bodies])
+    got = ChainPolicy(max_chain, 10.0).rebase_keep(metas)
+    assert got == keep
+    assert 1 <= got <= len(bodies) - 1 and got <= max_chain  # the new delta's depth fits
+
+
+# (max_chain, full_ratio) of each pass: deltas, chains at their length with their newest
+# deltas merged into one (a rebase: onto a kept delta, or onto the full snapshot, depth 1
+# again), full merges by bytes
 PASSES = [(0, 0.5), (3, 10.0), (3, 10.0), (3, 10.0), (3, 10.0), (3, 10.0), (8, 0.01),
           (8, 10.0), (8, 10.0), (1, 10.0), (1, 10.0), (0, 0.5), (4, 10.0), (4, 10.0)]  # fmt: skip
 
@@ -181,7 +207,9 @@ def test_retention_keeps_whole_chains_and_the_log_from_the_oldest_restore_point(
             _check_retained(root, retain, pinned)
             with statelog.open(root, readonly=True) as ro:
                 assert contents(ro) == model.state() and ro.epoch == model.epoch
-    assert kinds == [0, 1, 2, 3, 1, 2, 0, 1, 2, 1, 1, 0, 1, 2]
+    # Pass 4 merges only the newest delta (the older two are heavier: size-tiered),
+    # pass 5 then the whole chain onto the full snapshot.
+    assert kinds == [0, 1, 2, 3, 3, 1, 0, 1, 2, 1, 1, 0, 1, 2]
 
 
 # -- format 1 -------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ merge and the rebase, a delta on it; then a sealed tail that the daemon's
 default policy (``max_chain`` 8, ``full_ratio`` 0.5) writes as a delta (a
 small tail) or as a full merge of the chain (a tail heavier than half the
 full body), or that ``--max-chain 1`` merges with the delta into one delta
-on the full snapshot (a rebase). A
+on the full snapshot (a rebase), or that ``--max-chain 2`` on a heavy delta and
+a light one merges with the light one only, into a delta on the heavy one (a
+size-tiered rebase). A
 ``python -m compactor --once`` process is killed by the kit's fault layer
 at its K-th durable step, for K = 1, 2, ... until a pass runs to its end.
 After every kill:
@@ -41,7 +43,10 @@ SCRIPT = Path(__file__).with_name("compactor_stream.py")
 ARGS = ["--once", "--min-tail-bytes", "0", "--retain", "2"]
 POLICY: dict[str, dict[str, Any]] = {
     "delta": {}, "full": {}, "rebase": {"max_chain": 1, "full_ratio": 10.0},
+    "tiered": {"max_chain": 2, "full_ratio": 10.0},
 }  # fmt: skip
+DEPTH = {"delta": 1, "full": 0, "rebase": 1, "tiered": 2}
+"""The depth of the snapshot the pass writes, per kind."""
 """The chain settings of the killed pass and of the one after it, per kind."""
 
 
@@ -61,6 +66,14 @@ def _template(root: Path, kind: str) -> tuple[Model, dict[int, Any]]:
     states[model.epoch] = model.state()
     if kind == "delta":
         commit_round(root, model, 1)
+    elif kind == "tiered":
+        commit_round(root, model, 1, width=60)
+        assert passed(root).depth == 1
+        states[model.epoch] = model.state()
+        commit_round(root, model, 2, width=3)
+        assert passed(root).depth == 2
+        states[model.epoch] = model.state()
+        commit_round(root, model, 3, width=3)
     else:
         commit_round(root, model, 1)
         assert passed(root).depth == 1
@@ -96,7 +109,7 @@ def _check_after_kill(root: Path, model: Model, states: dict[int, Any], scratch:
         assert ro.epoch == model.epoch and contents(ro) == model.state()
 
 
-@pytest.mark.parametrize("kind", ["delta", "full", "rebase"])
+@pytest.mark.parametrize("kind", ["delta", "full", "rebase", "tiered"])
 def test_sigkill_at_every_step_of_a_pass_leaves_the_model(tmp_path: Path, kind: str) -> None:
     template = tmp_path / "template"
     model, states = _template(template, kind)
@@ -109,7 +122,7 @@ def test_sigkill_at_every_step_of_a_pass_leaves_the_model(tmp_path: Path, kind: 
         newest = list_snapshots(root / "snapshots")[0][2]
         wrote = verify_snapshot(FileLayer(), newest, store_id=None)
         if wrote.epoch == model.epoch:  # the killed pass wrote its snapshot: of that kind
-            assert wrote.depth == (0 if kind == "full" else 1), (k, wrote)
+            assert wrote.depth == DEPTH[kind], (k, wrote)
         result = compact(root, retain=2, **POLICY[kind])
         if wrote.epoch == model.epoch:
             assert result.skipped == "nothing_new", (k, result)

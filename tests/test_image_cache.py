@@ -186,3 +186,33 @@ def test_a_stamp_is_settled_only_after_the_image_is_fsynced(store_path: Path) ->
         "snapshot": {"ino": snap.stat().st_ino, "size": snap.stat().st_size,
                      "mtime_ns": snap.stat().st_mtime_ns},
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["full", "delta"])
+def test_a_compactor_seals_its_image_before_the_snapshot_appears(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Once a snapshot is renamed into place, publishing its image is a rename and a
+    stamp: the image was fsynced and its CRC-32C taken before. Done after, at 10M keys
+    those take seconds, and a writer that sees the snapshot for that long without its
+    image builds the whole image again itself."""
+    build_store(store_path, simple_commits(12))
+    if kind == "delta":
+        assert compact(store_path).snapshot is not None
+        with statelog.open(store_path) as s:
+            s.commit(offsets={"p": 99}, low_watermark_ms=s.low_watermark_ms, put={"late": 1})
+    calls: list[str] = []
+    real_crc = image_cache.image_crc
+
+    def crc(image: Path) -> int:
+        calls.append(f"crc {image.name}")
+        return real_crc(image)
+
+    monkeypatch.setattr(image_cache, "image_crc", crc)
+    snap = compact(store_path, files=_Recording(calls)).snapshot
+    assert snap is not None
+    made = calls.index(f"rename {snap.name}")
+    before, after = calls[:made], calls[made + 1 :]
+    assert any(c.startswith("fsync ") and c.endswith(".mdb") for c in before), calls
+    assert any(c.startswith("crc ") for c in before), calls
+    assert not any(c.startswith("crc ") for c in after), calls

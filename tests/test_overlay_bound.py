@@ -20,12 +20,14 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import statelog
 from statelog.compaction.fold import compact
 from statelog.ops import metrics
+from statelog.store import base_watcher
 from statelog.store.base_watcher import PUBLISH_GRACE
 from tests.helpers import segments
 
@@ -123,7 +125,7 @@ def test_a_stalled_commit_goes_through_once_a_snapshot_folds_the_overlay(
 
 
 def test_the_watcher_waits_for_the_compactor_to_publish_a_fresh_snapshot(
-    store_path: Path,
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with statelog.open(store_path, segment_bytes=SEGMENT, base_refresh=timedelta(hours=1)) as s:
         for i in range(20):
@@ -136,6 +138,11 @@ def test_the_watcher_waits_for_the_compactor_to_publish_a_fresh_snapshot(
         for stamp in published:  # as if the compactor had not published yet
             stamp.unlink()
         assert watcher.check() is None  # fresh and unpublished: left to its compactor
+        # An old mtime does not end the grace: a large snapshot's mtime is its last
+        # write, before its fsync and rename; the grace runs from first sight.
         old = time.time() - PUBLISH_GRACE - 1
         os.utime(result.snapshot, (old, old))
+        assert watcher.check() is None
+        later = time.monotonic() + PUBLISH_GRACE + 1
+        monkeypatch.setattr(base_watcher, "time", SimpleNamespace(monotonic=lambda: later))
         assert watcher.check() == result.snapshot  # past the grace: built here

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -62,7 +62,7 @@ class ChainPolicy:
 
     ``max_chain``: the most deltas above a full snapshot (0: every pass
     writes a full snapshot, as a store without deltas does); a chain that
-    long is merged into one delta on its full snapshot.
+    long has its newest deltas merged into one (:meth:`rebase_keep`).
     ``full_ratio``: a full snapshot is written once the chain's delta bytes,
     this pass's tail included, would exceed this fraction of the full
     snapshot's body.
@@ -108,9 +108,9 @@ class ChainPolicy:
         ``"full"``: the chain's deltas and the tail would outweigh ``full_ratio`` of
         the full snapshot's body, or ``max_chain`` is 0, or the full snapshot is of
         format 1 (not ``portable``: no delta ever rests on one). ``"rebase"``: the
-        chain is ``max_chain`` deltas long but still light: its deltas and the tail
-        are merged into one delta on the full snapshot (the cost of the deltas, not
-        of the state). ``"delta"``: a delta on top of ``parent``. The tail's log
+        chain is ``max_chain`` deltas long but still light: its newest deltas and the
+        tail are merged into one delta (:meth:`rebase_keep`; the cost of those
+        deltas, not of the state). ``"delta"``: a delta on top of ``parent``. The tail's log
         bytes stand in for the delta's body (an upper bound: a delta holds each
         changed key once).
         """
@@ -122,6 +122,24 @@ class ChainPolicy:
         if chain_bytes + tail_bytes > self.full_ratio * full_bytes:
             return "full"
         return "rebase" if parent.depth + 1 > self.max_chain else "delta"
+
+    def rebase_keep(self, metas: Sequence[SnapshotMeta]) -> int:
+        """How many snapshots of a chain (``metas``, its full snapshot first) a rebase
+        keeps below the one delta it merges the rest and the tail into.
+
+        Size-tiered: the newest delta is always merged, then each older one whose body
+        is at most the bodies merged so far, and as many more as keep the new delta
+        within ``max_chain``. The chain's bodies then shrink from old to new, a large
+        old delta is rewritten only once the newer ones together outweigh it, and a
+        byte of change is rewritten about log2(deltas per cycle) times before the next
+        full merge, not at every rebase. At least the full snapshot is kept.
+        """
+        keep = len(metas) - 1
+        merged = metas[-1].body_bytes
+        while keep > 1 and (metas[keep - 1].body_bytes <= merged or keep > self.max_chain):
+            keep -= 1
+            merged += metas[keep].body_bytes
+        return keep
 
 
 class Changes:

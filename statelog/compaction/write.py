@@ -16,10 +16,12 @@ link verified: :func:`statelog.storage.levels.open_chain`), then asks
   (:func:`~statelog.compaction.merge.merge_levels`), and a full snapshot
   written from it, which starts a new chain.
 
-Either way the snapshot file is written durably (temp file, fsync, rename,
-fsync of ``snapshots/``) before its image is published, and a SIGKILL at
-any step leaves the store as it was plus scratch files step 2 of the next
-pass removes.
+Either way the image is built and fsynced and its CRC-32C taken first, then
+the snapshot file is written durably (temp file, fsync, rename, fsync of
+``snapshots/``), then the image is published: a rename and a small stamp,
+so a writer never sees the new snapshot for long without its image. A
+SIGKILL at any step leaves the store as it was plus scratch files step 2
+of the next pass removes.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from statelog.compaction.tail import (
 from statelog.errors import CorruptionError, FormatVersionError
 from statelog.format.snapshot import IMAGE_VERSION, SnapshotHeader
 from statelog.storage.builder import ImageBuilder
-from statelog.storage.image_cache import publish_image
+from statelog.storage.image_cache import publish_image, seal_image
 from statelog.storage.layered import LayeredBase
 from statelog.storage.levels import Chain, ImageSources, open_chain
 from statelog.storage.pins import pin
@@ -263,9 +265,10 @@ def _write_full(
         fold.good_wm, tables, size, int(time.time() * 1000), commit_ms=fold.good_commit_ms,
     )  # fmt: skip
     p.say(logging.DEBUG, "snapshot_writing", epoch=fold.good_epoch, image_bytes=size)
+    crc = seal_image(p.files, image)
     path, written = write_snapshot(p.files, p.layout.snapshots, meta_out, image, level=p.level)
     mark_verified(path)  # built from this pass's own image: retention need not parse it
-    publish_image(p.files, image, p.layout.base, path, written)
+    publish_image(p.files, image, p.layout.base, path, written, crc=crc)
     return _done(p, path, written, base, base_lsn, fold)
 
 
@@ -307,13 +310,14 @@ def _delta(
     assert isinstance(start.target, Changes)
     plan = plan_delta(layered, chain.meta, start.target)
     meta = delta_meta(chain, fold, plan)
+    image = p.scratch / "delta.mdb"
+    plan.build_image(image)
+    crc = seal_image(p.files, image)
     path, written = write_delta_snapshot(
         p.files, p.layout.snapshots, meta, plan.stream, scratch=p.scratch, level=p.level
     )
     mark_verified(path)
-    image = p.scratch / "delta.mdb"
-    plan.build_image(image)
-    publish_image(p.files, image, p.layout.base, path, written, keep=chain.names)
+    publish_image(p.files, image, p.layout.base, path, written, keep=chain.names, crc=crc)
     return _done(p, path, written, base, base_lsn, fold)
 
 
@@ -325,38 +329,42 @@ def _rebase(
     tail: tuple[SegmentInfo, ...],
     start: Start,
 ) -> CompactionResult | None:
-    """Merge the chain's deltas and the tail into one delta on the chain's full snapshot.
+    """Merge the chain's newest deltas and the tail into one delta on the snapshot below them.
 
-    The deltas' entries are loaded oldest first, then the tail folded over them,
-    so the newest change of each key wins; the delta is then planned against the
-    full image alone (a delete of a key it lacks dropped, counts moved from its
-    counts). Reads and writes what the deltas and the tail hold, never the state.
+    :meth:`~statelog.compaction.delta.ChainPolicy.rebase_keep` says how many of the
+    chain's snapshots stay below. The merged deltas' entries are loaded oldest first,
+    then the tail folded over them, so the newest change of each key wins; the delta
+    is then planned against the kept levels alone (a delete of a key they lack
+    dropped, counts moved from the kept top's counts). Reads and writes what the
+    merged deltas and the tail hold, never the state.
     """
     assert isinstance(start.target, Changes)
     changes = start.target
-    for level in layered.levels[1:]:
+    keep = p.policy.rebase_keep(chain.metas)
+    for level in layered.levels[keep:]:
         for table in level.tables():
             for chunk in level.raw_chunks(table):
                 changes.load_level(table, chunk)
-    p.bytes_read += sum(s.stat().st_size for s in chain.snapshots[1:])
+    p.bytes_read += sum(s.stat().st_size for s in chain.snapshots[keep:])
     newest = chain.snapshots[-1]
     fold = _folded(p, start, newest, base_lsn, tail)
     if not isinstance(fold, Folding):
         return fold
-    full = Chain(chain.snapshots[:1], chain.metas[:1], chain.images[:1])
-    below = LayeredBase(full.images, full.meta.tables)
+    kept = Chain(chain.snapshots[:keep], chain.metas[:keep], chain.images[:keep])
+    below = LayeredBase(kept.images, kept.meta.tables)
     try:
-        plan = plan_delta(below, full.meta, changes)
+        plan = plan_delta(below, kept.meta, changes)
     finally:
         below.close()
-    meta = delta_meta(full, fold, plan)
+    meta = delta_meta(kept, fold, plan)
+    image = p.scratch / "delta.mdb"
+    plan.build_image(image)
+    crc = seal_image(p.files, image)
     path, written = write_delta_snapshot(
         p.files, p.layout.snapshots, meta, plan.stream, scratch=p.scratch, level=p.level
     )
     mark_verified(path)
-    image = p.scratch / "delta.mdb"
-    plan.build_image(image)
-    publish_image(p.files, image, p.layout.base, path, written, keep=full.names)
+    publish_image(p.files, image, p.layout.base, path, written, keep=kept.names, crc=crc)
     return _done(p, path, written, newest, base_lsn, fold)
 
 

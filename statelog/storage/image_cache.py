@@ -75,6 +75,7 @@ __all__ = [
     "publish_image",
     "published",
     "reusable_image",
+    "seal_image",
 ]
 
 log = logging.getLogger("statelog.storage.image_cache")
@@ -146,6 +147,20 @@ def _stamp(
         log.warning("image=%s event=stamp_not_written error=%r", image.name, exc)
 
 
+def seal_image(files: FileLayer, image: Path) -> int:
+    """Fsync the compactor's finished ``image`` and return its CRC-32C, for :func:`publish_image`.
+
+    Called before the snapshot the image belongs to is renamed into place:
+    at 10M keys the fsync and the read of a full image take seconds, and
+    done after the rename they would leave a snapshot with no published
+    image for long enough that the writer builds the image itself.
+
+    :raises OSError: the fsync or the read failed.
+    """
+    files.fsync_file(image)
+    return image_crc(image)
+
+
 def publish_image(
     files: FileLayer,
     image: Path,
@@ -154,6 +169,7 @@ def publish_image(
     meta: SnapshotMeta,
     *,
     keep: Collection[str] = (),
+    crc: int | None = None,
 ) -> Path | None:
     """Move the compactor's finished ``image`` of ``snapshot`` into ``image_dir``, stamped.
 
@@ -166,8 +182,9 @@ def publish_image(
     process still mapping one keeps its pages until it unmaps. The stamp is
     settled (the image fsynced before it is written), since this process
     wrote both files; the rename is not a durable step: a crash leaves at
-    worst an unstamped image, which the writer's next open removes. Returns
-    the image's new path, or None.
+    worst an unstamped image, which the writer's next open removes. ``crc``:
+    the image's from :func:`seal_image`, which makes all of this a rename
+    and a small write. Returns the image's new path, or None.
     """
     dest = image_path(image_dir, snapshot, tag=PUBLISHED_TAG)
     try:
@@ -176,7 +193,7 @@ def publish_image(
     except OSError as exc:  # another file system, say: the writer builds its own
         log.info("image=%s event=image_not_published error=%r", image.name, exc)
         return None
-    _stamp(files, dest, snapshot, meta, settle=True)
+    _stamp(files, dest, snapshot, meta, settle=True, crc=crc)
     stem = snapshot.name.removesuffix(".snap")
     for old in image_dir.glob(f"*.{PUBLISHED_TAG}*.mdb"):
         old_stem = old.name.split(".", 1)[0]

@@ -36,7 +36,8 @@ __all__ = ["PUBLISH_GRACE", "BaseWatcher"]
 log = logging.getLogger("statelog.store.store")
 
 PUBLISH_GRACE = 3.0
-"""Seconds a new snapshot without a published image waits before the writer builds its own."""
+"""Seconds a snapshot without a published image waits, from when this watcher first
+saw it, before the writer builds the image itself."""
 
 
 class BaseWatcher:
@@ -65,6 +66,7 @@ class BaseWatcher:
         self._interval = interval
         self._on_swap = on_swap
         self._refused: set[Path] = set()
+        self._first_seen: dict[Path, float] = {}
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="statelog-base-watch", daemon=True)
@@ -145,14 +147,20 @@ class BaseWatcher:
         return None
 
     def _publishing(self, snapshot: Path) -> bool:
-        """Whether ``snapshot`` is new enough that its compactor may still be publishing
-        its image: the compactor renames the snapshot into place, then its image, and
-        building the image here instead would write the whole state a second time."""
-        try:
-            age = time.time() - snapshot.stat().st_mtime
-        except OSError:
-            return False  # gone: the open below reports it as it would
-        return age < PUBLISH_GRACE and not published(self._image_dir, snapshot)
+        """Whether ``snapshot``'s compactor may still be publishing its image: it renames
+        the snapshot into place, then its image, and building the image here instead
+        would write the whole state a second time, in the writer's process.
+
+        The grace runs from this watcher's first sight of the snapshot, not from its
+        mtime: a large snapshot's mtime is its last write, before its fsync.
+        """
+        if published(self._image_dir, snapshot):
+            return False
+        now = time.monotonic()
+        first = self._first_seen.setdefault(snapshot, now)
+        for old in [p for p in self._first_seen if p.name < snapshot.name]:
+            del self._first_seen[old]  # older snapshots are never installed any more
+        return now - first < PUBLISH_GRACE
 
     def poke(self) -> None:
         """Look for a snapshot now rather than at the next interval (a stalled commit waits)."""
