@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from statelog.remote.entry import Entry
 from statelog.remote.manifest import Manifest
 from statelog.remote.pins import remote_pin
 from statelog.remote.plan import Planner
+from statelog.storage import image_cache
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
 from tests.s3server import Remote, S3Server, remote, s3  # noqa: F401
@@ -153,6 +155,30 @@ def test_full_and_deltas_ship_and_restore_exactly(tmp_path: Path, remote: Remote
     with statelog.open(tmp_path / "dst") as st:  # a writer opens on the chain and goes on
         assert st.recovery.snapshot is not None and st.recovery.snapshot.name == chain[-1].name
         assert st.commit(offsets={"p0": 20_000}, low_watermark_ms=20_000) == res.epoch + 1
+
+
+def test_the_restore_check_maps_the_chain_images_where_they_are_built(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The images built while the chain was verified are the check's base, not copied
+    (at 1M keys the copy was most of a restore), and the first open maps them too."""
+    shipped = chained_store(tmp_path, remote, rounds=3)
+    copies: list[str] = []
+    real = image_cache.shutil.copyfile
+    monkeypatch.setattr(
+        image_cache.shutil, "copyfile", lambda a, b: copies.append(str(a)) or real(a, b)
+    )
+    res = restore(remote.url, tmp_path / "dst", client=remote.client())
+    assert copies == [] and res.epoch == shipped.last
+    images = sorted((tmp_path / "dst" / "base").glob("*.mdb"))
+    assert len(images) == len(newest_chain(manifest_of(remote, shipped.sid)))
+    with caplog.at_level(logging.INFO, logger="statelog"), statelog.open(tmp_path / "dst") as st:
+        assert dict(st.items()) == shipped.states[res.epoch]
+    assert sum("event=image_reused" in r.getMessage() for r in caplog.records) == len(images)
+    assert sorted((tmp_path / "dst" / "base").glob("*.mdb")) == images  # none built again
 
 
 def _flip(remote: Remote, sid: uuid.UUID, victim: Entry) -> None:  # noqa: F811

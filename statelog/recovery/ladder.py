@@ -135,6 +135,7 @@ def install_snapshot(
     wal_dir: Path | None = None,
     *,
     shared_images: Path | None = None,
+    settle: bool = True,
 ) -> tuple[SnapshotMeta, str | None]:
     """Verify ``path`` and its chain while extracting them, then map them as ``state``'s base.
 
@@ -146,14 +147,17 @@ def install_snapshot(
     compactor), else a private copy of one in ``shared_images`` (a read-only
     open copies the writer's ``STORE/base`` image rather than map it). With
     ``wal_dir``, the snapshot is installed only if it links to that log;
-    otherwise the reason is returned and nothing is installed.
+    otherwise the reason is returned and nothing is installed. ``settle``: an
+    image in ``image_dir`` that passes a whole check has its stamp settled
+    (False for a read-only recovery, which writes nothing).
 
     :raises CorruptionError: the snapshot or a link of its chain did not
         verify (nothing installed).
     """
     files.makedirs(image_dir)
     copy = shared_images if shared_images not in (None, image_dir) else None
-    chain, base = open_chain(files, path, store_id, ImageSources(image_dir, (image_dir,), copy))
+    sources = ImageSources(image_dir, (image_dir,), copy, settle)
+    chain, base = open_chain(files, path, store_id, sources)
     meta = chain.meta
     for snap, image in zip(chain.snapshots, chain.images, strict=True):
         if image not in chain.made:
@@ -186,7 +190,8 @@ def recover_store(
 
     :param image_dir: where to extract the chosen snapshot's image (the
         writer's ``STORE/base``; a private temporary directory for a
-        read-only open, which changes nothing in the store).
+        read-only open, which changes nothing in the store; a restore's own
+        staging ``base/``). Images there other than the ones mapped are removed.
     :param upto: recover the state as of this epoch, not the newest: only
         snapshots at or before it are tried, and the replay stops there
         (without ``repair`` only). The state may end before it (the log ends
@@ -317,8 +322,9 @@ def _climb(
         try:
             # Hash verified on this read, while the image is extracted.
             meta, why = install_snapshot(
-                files, image_dir, path, store_id, state, layout.wal, shared_images=layout.base
-            )
+                files, image_dir, path, store_id, state, layout.wal, shared_images=layout.base,
+                settle=repair,
+            )  # fmt: skip
         except (CorruptionError, FormatVersionError) as exc:
             why = getattr(exc, "reason", None) or str(exc)
             at = getattr(exc, "offset", None)

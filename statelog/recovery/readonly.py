@@ -50,6 +50,8 @@ class ReadOnlyRecovery:
         report: RecoveryReport,
         image_dir: Path,
         upto: int | None = None,
+        *,
+        owned: bool = True,
     ) -> None:
         self.root = root
         self.upto = upto
@@ -62,7 +64,9 @@ class ReadOnlyRecovery:
         self._image_dir: Path | None = image_dir
         # A store never closed still leaves no directory behind: removed when it is
         # collected, or at the latest when the interpreter exits.
-        self._remove = weakref.finalize(self, shutil.rmtree, image_dir, ignore_errors=True)
+        self._remove = weakref.finalize(
+            self, shutil.rmtree if owned else _keep, image_dir, ignore_errors=True
+        )
 
     @property
     def image_dir(self) -> Path | None:
@@ -91,14 +95,28 @@ class ReadOnlyRecovery:
         return f"<ReadOnlyRecovery {self.root} epoch={self.report.epoch}>"
 
 
+def _keep(path: Path, *, ignore_errors: bool) -> None:
+    """The image directory was the caller's: it stays."""
+
+
 def recover_readonly(
-    root: Path, *, files: FileLayer | None = None, strict: bool = False, upto: int | None = None
+    root: Path,
+    *,
+    files: FileLayer | None = None,
+    strict: bool = False,
+    upto: int | None = None,
+    image_dir: Path | None = None,
 ) -> ReadOnlyRecovery:
     """Recover the store at ``root`` read-only (see the module docstring).
 
     Steps: read ``IDENTITY``; make a private temporary directory; recover
     into a fresh :class:`LiveState`, extracting a snapshot's image there.
     A failure closes the base and removes the directory before it raises.
+
+    ``image_dir``: instead of a temporary directory, one the caller owns and
+    no other process writes (a restore's staging ``base/``): its stamped
+    images are mapped in place, not copied; a missing one is extracted there;
+    other images there are removed; the directory stays after :meth:`close`.
 
     :param files: the file operations to go through (default: the real ones).
     :param strict: raise :class:`CorruptionError` on damage before the log's
@@ -122,8 +140,10 @@ def recover_readonly(
         # rewound one, even before a writer's open finishes moving its files.
         epoch = int(pending["epoch"])
         upto = epoch if upto is None else min(upto, epoch)
+    owned = image_dir is None
     try:
-        image_dir = Path(tempfile.mkdtemp(prefix="statelog-ro-"))
+        if image_dir is None:
+            image_dir = Path(tempfile.mkdtemp(prefix="statelog-ro-"))
     except OSError as exc:
         raise StorageError(
             f"creating a temporary directory for {root} failed: {exc}",
@@ -138,6 +158,7 @@ def recover_readonly(
         )  # fmt: skip
     except BaseException:
         state.base.close()
-        shutil.rmtree(image_dir, ignore_errors=True)
+        if owned:
+            shutil.rmtree(image_dir, ignore_errors=True)
         raise
-    return ReadOnlyRecovery(layout.root, store_id, state, report, image_dir, upto)
+    return ReadOnlyRecovery(layout.root, store_id, state, report, image_dir, upto, owned=owned)

@@ -31,9 +31,10 @@ leaves no half-restored store behind. Steps, in order:
    raises :class:`RemoteIntegrityError` instead;
 5. write ``IDENTITY`` and ``remote.json`` (what is already on the remote);
    every file goes through temp, fsync, rename, fsync of its directory;
-6. unless ``check=False``, open the staging copy read-only and require the
-   epoch planned; then rename the staging directory to the destination and
-   fsync its parent.
+6. unless ``check=False``, recover the staging copy read-only and require
+   the epoch planned (the images built in step 3 are mapped where they
+   are, and left there for the first open); then rename the staging
+   directory to the destination and fsync its parent.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ from statelog.remote.signing import KEY_ENV
 from statelog.remote.staging import Staging, resolve_dest
 from statelog.remote.url import StoreKeys
 from statelog.storage.fileio import FileLayer
-from statelog.storage.layout import IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
+from statelog.storage.layout import BASE_DIR, IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
 
 __all__ = ["RestoreResult", "find_store", "identity_bytes", "restore", "segment_problem"]
 
@@ -330,7 +331,9 @@ def _schema_problem(scan: SegmentScan) -> str | None:
 
 def _check_recovers(root: Path, epoch: int) -> None:
     """Recover the staging copy read-only; it must reach ``epoch`` exactly."""
-    with recover_readonly(root) as ro:
+    # The staging copy is this restore's alone: its images (built while the chain was
+    # verified) are mapped where they are, and stay for the first open.
+    with recover_readonly(root, image_dir=root / BASE_DIR) as ro:
         got = ro.state.epoch
     if got != epoch:
         raise RemoteError(

@@ -56,11 +56,17 @@ MAX_DEPTH = 256
 @dataclass(frozen=True)
 class ImageSources:
     """Where a chain's images come from: mapped from ``map_from`` if one there is intact,
-    else copied from ``copy_from``, else extracted (verified) into ``extract_to``."""
+    else copied from ``copy_from``, else extracted (verified) into ``extract_to``.
+
+    ``settle``: an image in ``extract_to`` that passes a whole check has its stamp
+    settled (a writer's open, which owns the directory); a read-only recovery writes
+    nothing there.
+    """
 
     extract_to: Path
     map_from: tuple[Path, ...] = ()
     copy_from: Path | None = None
+    settle: bool = True
 
 
 @dataclass(frozen=True)
@@ -148,7 +154,7 @@ class _Reader:
     def __call__(self, snapshot: Path) -> tuple[SnapshotMeta, object]:
         for where in self._src.map_from:
             # Only images in the directory this reader extracts to are its own to re-stamp.
-            own = self._files if where == self._src.extract_to else None
+            own = self._files if self._src.settle and where == self._src.extract_to else None
             found = reusable_image(where, snapshot, store_id=self._sid, files=own)
             if found is not None:
                 return found[1], found[0]
