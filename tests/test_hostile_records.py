@@ -28,7 +28,13 @@ import statelog
 from statelog import Outcome
 from statelog.cli import main as cli
 from statelog.errors import CorruptionError, InvalidCommitError
-from statelog.format.records import CommitRecord, TableDelta, encode_record, encode_value
+from statelog.format.records import (
+    CommitRecord,
+    TableDelta,
+    check_record,
+    encode_record,
+    encode_value,
+)
 from statelog.format.wal import segment_name
 from statelog.ops.verify import verify_store
 from statelog.ops.verify_report import Verdict
@@ -343,3 +349,22 @@ def test_limits_table_of_the_format_is_the_codes() -> None:
     assert f"at most {limits.MAX_KEY_BYTES} bytes" in rows["key (`str` or `bytes`)"]
     assert f"1 to {limits.MAX_TABLE_NAME_BYTES} bytes in UTF-8" in rows["table name"]
     assert f"at most {MAX_SINK_NAME_BYTES} bytes" in rows["sink name"]
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ([b"\xc1", b"\x01", b"\x02"], "value 0"),
+        ([b"\x01", b"\x02", b"\x92\x01"], "value 2"),  # truncated: its neighbour cannot finish it
+        ([b"\x01", b"\x01\x02", b"\x03"], "value 1"),  # two objects in one value
+    ],
+)
+def test_the_schema_check_names_the_value_that_does_not_decode(
+    values: list[bytes], named: str
+) -> None:
+    """Values are checked in one batch; a failure is then named by its index."""
+    keys = [f"k{i}" for i in range(len(values))]
+    rec = CommitRecord(1, {}, 0, [TableDelta("t", keys, values, [])])
+    why = check_record(rec)
+    assert why is not None and why.startswith(f"table delta 0: {named} does not decode"), why
+    assert check_record(CommitRecord(1, {}, 0, [TableDelta("t", keys, [b"\x01"] * 3, [])])) is None

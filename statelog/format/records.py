@@ -33,7 +33,7 @@ import msgspec
 
 from statelog.errors import StatelogError
 from statelog.format.limits import MAX_KEY_BYTES, key_problem, table_name_problem
-from statelog.format.values import decode_value, encode_value
+from statelog.format.values import decode_value, decode_values, encode_value
 
 __all__ = [
     "DECODE_ERRORS",
@@ -189,13 +189,17 @@ def _values_problem(values: list[bytes], out: list[list[Any]] | None = None) -> 
     would pass bad UTF-8, bad timestamps and unhashable map keys, which a
     read would then trip over. The objects are dropped at once.
     """
-    dec = decode_value
-    kept: list[Any] = []
     try:
-        for v in values:
-            kept.append(dec(v))
-    except DECODE_ERRORS as exc:  # the values before the bad one were kept
-        return f"value {len(kept)} does not decode: {exc}"
-    if out is not None:
-        out.append(kept)
-    return None
+        kept = decode_values(values)
+    except DECODE_ERRORS:
+        pass  # found again one at a time below, to name the value
+    else:
+        if out is not None:
+            out.append(kept)
+        return None
+    for i, v in enumerate(values):
+        try:
+            decode_value(v)
+        except DECODE_ERRORS as exc:
+            return f"value {i} does not decode: {exc}"
+    return "a value does not decode"  # the batch failed, so one value did: not reached

@@ -29,6 +29,7 @@ Values written before the extensions existed decode as they did: an aware
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -41,6 +42,7 @@ __all__ = [
     "EXT_DECIMAL",
     "VALUE_TYPES",
     "decode_value",
+    "decode_values",
     "encode_value",
 ]
 
@@ -121,3 +123,14 @@ def decode_value(data: bytes | memoryview) -> Any:
         that passed its checks never raise.
     """
     return _decode(data)
+
+
+def decode_values(values: Iterable[bytes | memoryview]) -> list[Any]:
+    """:func:`decode_value` of each of ``values``, the loop run in C: every replay and
+    restore checks each value of each record this way, millions per second of log.
+
+    :raises msgspec.DecodeError: as :func:`decode_value`, for the first value that fails.
+    :raises ValueError: as :func:`decode_value`.
+    :raises RecursionError: as :func:`decode_value`.
+    """
+    return list(map(_decode, values))
