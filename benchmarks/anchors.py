@@ -177,7 +177,12 @@ def run_statelog(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[st
     restore_s = time.monotonic() - t
     with statelog.open(work / "statelog-restored", readonly=True) as ro:
         assert ro.count() == keys and ro.offsets["ckpt"] == n, (ro.count(), ro.offsets)
-    return _result("statelog", keys, n, elapsed, acks, size, objects, restore_s, got.epoch)
+        snapshot = ro.recovery.snapshot
+    done = _result("statelog", keys, n, elapsed, acks, size, objects, restore_s, got.epoch)
+    # What the restore replayed after its snapshot: its time follows this tail, which
+    # depends on where the compactor's last pass fell.
+    base = int(snapshot.name.split("-")[0], 16) if snapshot is not None else 0
+    return {**done, "restore_tail_commits": got.epoch - base, "restore_bytes": got.bytes_downloaded}
 
 
 def run_litestream(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[str, Any]:

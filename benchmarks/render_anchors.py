@@ -81,6 +81,18 @@ def _notes(runs: dict[str, Doc]) -> list[str]:
             f"Shipping on, statelog's durable updates/s were {share:.2f}x those of the same "
             "writer with nothing shipping (the column *statelog, not shipped*), in this run."
         )
+    if on is not None and on.get("restore_tail_commits") is not None:
+        out.append(
+            f"statelog's restore replayed {on['restore_tail_commits']:,} checkpoints of log "
+            "after the snapshot it started from: its time follows that tail, which depends "
+            "on where the compactor's last pass (`--interval 5`) fell before the restore."
+        )
+    elif on is not None:
+        out.append(
+            "statelog's restore time follows the log tail it replays after its snapshot, "
+            "which depends on where the compactor's last pass (`--interval 5`) fell; this "
+            "run did not record that tail."
+        )
     if "slatedb" in runs:
         out.append(
             "SlateDB's lag is 0 by construction: it acknowledges a checkpoint only once the "
