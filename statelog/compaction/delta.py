@@ -13,10 +13,11 @@ A pass whose base is a snapshot folds the sealed tail into :class:`Changes`
   snapshot that starts a new chain.
 
 The merge rule is size-tiered: a full snapshot is written once the deltas
-since the last one would hold more than ``full_ratio`` of its body, or the
-chain would pass ``max_chain`` deltas; so the bytes written per pass stay
-bounded by about ``1 + 1/full_ratio`` times what the tail changed, and
-restart reads at most ``max_chain`` deltas besides the full snapshot.
+since the last one would hold more than ``full_ratio`` of its body; a chain
+that would pass ``max_chain`` deltas has its newest ones merged into one
+(a rebase, :meth:`ChainPolicy.rebase_keep`). So the bytes written per pass
+stay bounded by a small multiple of what the tail changed, and restart
+reads at most ``max_chain`` deltas besides the full snapshot.
 """
 
 from __future__ import annotations
