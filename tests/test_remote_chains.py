@@ -175,6 +175,7 @@ def test_the_restore_check_maps_the_chain_images_where_they_are_built(
     assert copies == [] and res.epoch == shipped.last
     images = sorted((tmp_path / "dst" / "base").glob("*.mdb"))
     assert len(images) == len(newest_chain(manifest_of(remote, shipped.sid)))
+    caplog.clear()  # only what the first open logs
     with caplog.at_level(logging.INFO, logger="statelog"), statelog.open(tmp_path / "dst") as st:
         assert dict(st.items()) == shipped.states[res.epoch]
     assert sum("event=image_reused" in r.getMessage() for r in caplog.records) == len(images)
