@@ -45,9 +45,9 @@ POLICY: dict[str, dict[str, Any]] = {
     "delta": {}, "full": {}, "rebase": {"max_chain": 1, "full_ratio": 10.0},
     "tiered": {"max_chain": 2, "full_ratio": 10.0},
 }  # fmt: skip
+"""The chain settings of the killed pass and of the one after it, per kind."""
 DEPTH = {"delta": 1, "full": 0, "rebase": 1, "tiered": 2}
 """The depth of the snapshot the pass writes, per kind."""
-"""The chain settings of the killed pass and of the one after it, per kind."""
 
 
 def _heavy_round(root: Path, model: Model) -> None:

@@ -669,3 +669,21 @@ def test_a_fifo_named_promoted_is_refused_not_waited_on(tmp_path: Path, where: s
             statelog.open(src)
         else:
             statelog.open(tmp_path / "copy", follow=src)
+
+
+def test_a_restarted_standby_settles_the_images_it_checked_whole(tmp_path: Path) -> None:
+    """The standby owns its copy's ``base/``: an image it checked whole on a restart has
+    its stamp settled, so the next restart reads neither the image nor its snapshot."""
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    with statelog.open(src, **SMALL) as w:
+        commit_range(w, 1, 30)
+    compact(src, retain=1, min_tail_bytes=0)
+    with statelog.open(copy, follow=src, follow_poll=MANUAL) as sb:
+        assert sb.epoch == 29
+    with statelog.open(copy, follow=src, follow_poll=MANUAL) as sb:  # checks them whole
+        assert store_digest(sb) == STREAM.model(29).digest()
+    stamps = sorted((copy / "base").glob("*.mdb.ok"))
+    assert stamps
+    for stamp in stamps:
+        body = json.loads(json.loads(stamp.read_bytes())["body"])
+        assert "settled" in body, stamp.name

@@ -130,10 +130,11 @@ class ChainPolicy:
 
         Size-tiered: the newest delta is always merged, then each older one whose body
         is at most the bodies merged so far, and as many more as keep the new delta
-        within ``max_chain``. The chain's bodies then shrink from old to new, a large
-        old delta is rewritten only once the newer ones together outweigh it, and a
-        byte of change is rewritten about log2(deltas per cycle) times before the next
-        full merge, not at every rebase. At least the full snapshot is kept.
+        within ``max_chain``. The chain's bodies then shrink from old to new, and a
+        large old delta is rewritten only once the newer ones together outweigh it:
+        with ``max_chain`` of at least about log2(passes between full merges), a byte
+        of change is rewritten about that many times before the next full merge; a
+        shorter ``max_chain`` forces wider merges. At least the full snapshot is kept.
         """
         keep = len(metas) - 1
         merged = metas[-1].body_bytes

@@ -18,10 +18,12 @@ link verified: :func:`statelog.storage.levels.open_chain`), then asks
 
 Either way the image is built and fsynced and its CRC-32C taken first, then
 the snapshot file is written durably (temp file, fsync, rename, fsync of
-``snapshots/``), then the image is published: a rename and a small stamp,
-so a writer never sees the new snapshot for long without its image. A
-SIGKILL at any step leaves the store as it was plus scratch files step 2
-of the next pass removes.
+``snapshots/``), then the image is published: a rename and a small stamp
+(its fsync then finds nothing to write), so a writer never sees the new
+snapshot for long without its image. An I/O error while the image is
+sealed fails the pass before its snapshot exists. A SIGKILL at any step
+leaves the store as it was plus scratch files step 2 of the next pass
+removes.
 """
 
 from __future__ import annotations

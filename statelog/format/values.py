@@ -126,11 +126,11 @@ def decode_value(data: bytes | memoryview) -> Any:
 
 
 def decode_values(values: Iterable[bytes | memoryview]) -> list[Any]:
-    """:func:`decode_value` of each of ``values``, the loop run in C: every replay and
-    restore checks each value of each record this way, millions per second of log.
+    """:func:`decode_value` of each of ``values``, without a Python-level loop: every
+    replay and restore checks each value of each record this way.
 
-    :raises msgspec.DecodeError: as :func:`decode_value`, for the first value that fails.
-    :raises ValueError: as :func:`decode_value`.
-    :raises RecursionError: as :func:`decode_value`.
+    :raises msgspec.DecodeError: as :func:`decode_value`, for the first value that fails;
+        likewise ``ValueError``, ``RecursionError``, ``TypeError`` and ``OverflowError``
+        (the kinds :data:`statelog.format.records.DECODE_ERRORS` catches).
     """
     return list(map(_decode, values))

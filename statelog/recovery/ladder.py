@@ -149,7 +149,8 @@ def install_snapshot(
     ``wal_dir``, the snapshot is installed only if it links to that log;
     otherwise the reason is returned and nothing is installed. ``settle``: an
     image in ``image_dir`` that passes a whole check has its stamp settled
-    (False for a read-only recovery, which writes nothing).
+    (only by the owner of ``image_dir``: a writer or a standby, not a read-only
+    recovery or a restore's check).
 
     :raises CorruptionError: the snapshot or a link of its chain did not
         verify (nothing installed).
@@ -185,6 +186,7 @@ def recover_store(
     repair: bool,
     strict: bool = False,
     upto: int | None = None,
+    settle: bool | None = None,
 ) -> tuple[RecoveryReport, LogEnd]:
     """Climb the ladder: snapshot (newest that verifies and links), then the log tail.
 
@@ -192,6 +194,8 @@ def recover_store(
         writer's ``STORE/base``; a private temporary directory for a
         read-only open, which changes nothing in the store; a restore's own
         staging ``base/``). Images there other than the ones mapped are removed.
+    :param settle: settle the stamp of an image in ``image_dir`` that passes a whole
+        check: for the owner of ``image_dir`` (a writer, a standby). Default: ``repair``.
     :param upto: recover the state as of this epoch, not the newest: only
         snapshots at or before it are tried, and the replay stops there
         (without ``repair`` only). The state may end before it (the log ends
@@ -216,7 +220,10 @@ def recover_store(
                 stack.enter_context(pin(layout.root, names, purpose="read-only recovery"))
             except OSError as exc:
                 log.warning("event=unpinned_recovery reason=%r", exc)
-        report, end = _climb(files, layout, store_id, state, image_dir, repair, strict, upto)
+        settles = repair if settle is None else settle
+        report, end = _climb(
+            files, layout, store_id, state, image_dir, repair, strict, upto, settles
+        )
     _announce(layout.root, report, writable=repair)
     return report, end
 
@@ -312,6 +319,7 @@ def _climb(
     repair: bool,
     strict: bool,
     upto: int | None = None,
+    settle: bool = False,
 ) -> tuple[RecoveryReport, LogEnd]:
     started = time.perf_counter()  # the report's seconds include the snapshot's extraction
     rejected: list[Rejection] = []
@@ -323,7 +331,7 @@ def _climb(
             # Hash verified on this read, while the image is extracted.
             meta, why = install_snapshot(
                 files, image_dir, path, store_id, state, layout.wal, shared_images=layout.base,
-                settle=repair,
+                settle=settle,
             )  # fmt: skip
         except (CorruptionError, FormatVersionError) as exc:
             why = getattr(exc, "reason", None) or str(exc)

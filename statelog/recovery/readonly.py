@@ -6,7 +6,10 @@ the identity is read, then :func:`~statelog.recovery.ladder.recover_store`
 runs with ``repair=False``. Nothing is moved aside, cut or created in the
 store; the chosen snapshot's image is extracted to a private temporary
 directory, removed again by :meth:`ReadOnlyRecovery.close`. An unfinished
-tail is ignored (``report.truncated_bytes`` counts it), not cut.
+tail is ignored (``report.truncated_bytes`` counts it), not cut. The one
+exception is a caller that passes its own ``image_dir`` (a restore's check
+of its staging copy, which nothing else reads): images are then extracted
+into it, and other images there removed, as for a writer's ``base/``.
 
 No lock is taken: a writer may keep appending meanwhile, and what is
 recovered is the log as it was when each file was read.
@@ -35,7 +38,8 @@ class ReadOnlyRecovery:
     """A store recovered read-only: its state, the report, and the image it maps.
 
     Use as a context manager, or call :meth:`close` to unmap the base level
-    and remove the private image directory. ``state`` must not be read after.
+    and remove the private image directory (a caller's own directory stays).
+    ``state`` must not be read after.
     """
 
     __slots__ = (
@@ -70,7 +74,8 @@ class ReadOnlyRecovery:
 
     @property
     def image_dir(self) -> Path | None:
-        """The private directory of the extracted snapshot image; None once closed."""
+        """The directory of the mapped snapshot images (private unless the caller's);
+        None once closed."""
         return self._image_dir
 
     @property
@@ -78,7 +83,8 @@ class ReadOnlyRecovery:
         return self._image_dir is None
 
     def close(self) -> None:
-        """Unmap the base level and remove the private image directory. Idempotent."""
+        """Unmap the base level and remove the private image directory (not a caller's
+        own). Idempotent."""
         if self._image_dir is None:
             return
         self.state.base.close()

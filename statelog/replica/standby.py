@@ -215,7 +215,7 @@ class Standby:
         try:
             report, _end = recover_store(
                 self._files, self._layout, self.store_id, state,
-                image_dir=self._layout.base, repair=False,
+                image_dir=self._layout.base, repair=False, settle=True,
             )  # fmt: skip
         except BaseException:
             state.base.close()

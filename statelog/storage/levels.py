@@ -59,8 +59,8 @@ class ImageSources:
     else copied from ``copy_from``, else extracted (verified) into ``extract_to``.
 
     ``settle``: an image in ``extract_to`` that passes a whole check has its stamp
-    settled (a writer's open, which owns the directory); a read-only recovery writes
-    nothing there.
+    settled (a writer's open or a standby, which own the directory); a read-only
+    recovery and a restore's check leave stamps as they are.
     """
 
     extract_to: Path
