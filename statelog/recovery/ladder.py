@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import threading
 import time
 import uuid
 import warnings
@@ -51,9 +50,8 @@ from statelog.recovery.replay import LogEnd, recover_log
 from statelog.recovery.report import Outcome, RecoveryReport, Rejection
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image_stamp import stamp_of
 from statelog.storage.layout import StoreLayout
-from statelog.storage.levels import ImageSources, open_chain
+from statelog.storage.levels import ImageSources, open_chain, remove_stale_images
 from statelog.storage.pins import PIN_DIR, pin
 from statelog.storage.snapshots import SnapshotMeta, list_snapshots
 
@@ -350,7 +348,7 @@ def _climb(
             after=(meta.lsn, meta.chain),
             upto=upto,
         )
-        _remove_stale_images(files, image_dir, keep=_mapped(state))
+        remove_stale_images(files, image_dir, keep=_mapped(state))
         return _with(report, path, rejected, started), end
     try:
         report, end = recover_log(
@@ -363,7 +361,7 @@ def _climb(
         raise ResnapshotRequired(
             "no snapshot verifies and the log does not reach epoch 1", tried
         ) from exc
-    _remove_stale_images(files, image_dir, keep=())
+    remove_stale_images(files, image_dir, keep=())
     return _with(report, None, rejected, started), end
 
 
@@ -381,27 +379,3 @@ def _with(
 def _mapped(state: LiveState) -> tuple[Path, ...]:
     """The image files ``state``'s base maps (none: the empty base)."""
     return tuple(getattr(state.base, "paths", ()))
-
-
-def _remove_stale_images(files: FileLayer, image_dir: Path, keep: tuple[Path, ...]) -> None:
-    """Delete every file in ``image_dir`` but the images ``keep`` and their stamps,
-    in a background thread.
-
-    The list is taken now, so images a base swap extracts later are never
-    touched. A process that exits first leaves the rest to the next open.
-    """
-    if not image_dir.is_dir():
-        return
-    kept = {p for image in keep for p in (image, stamp_of(image))}
-    stale = [p for p in image_dir.iterdir() if p not in kept]
-    if not stale:
-        return
-
-    def remove() -> None:
-        for p in stale:
-            try:
-                files.remove(p)
-            except OSError as exc:  # the next open tries again
-                log.warning("image=%s event=stale_image_kept error=%r", p.name, exc)
-
-    threading.Thread(target=remove, name="statelog-image-cleanup", daemon=True).start()

@@ -21,6 +21,8 @@ restore point. Then each snapshot's image is mapped, oldest first, as one
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,10 +49,13 @@ __all__ = [
     "chain_links",
     "link_problem",
     "open_chain",
+    "remove_stale_images",
 ]
 
 MAX_DEPTH = 256
 """The longest chain any reader follows (the compactor's own limit is far lower)."""
+
+log = logging.getLogger("statelog.storage.levels")
 
 
 @dataclass(frozen=True)
@@ -207,3 +212,27 @@ def _remove(files: FileLayer, made: Sequence[Path]) -> None:
         for p in (image, stamp_of(image)):
             with contextlib.suppress(OSError):
                 files.remove(p)
+
+
+def remove_stale_images(files: FileLayer, image_dir: Path, keep: tuple[Path, ...]) -> None:
+    """Delete every file in ``image_dir`` but the images ``keep`` and their stamps,
+    in a background thread.
+
+    The list is taken now, so images a base swap extracts later are never
+    touched. A process that exits first leaves the rest to the next open.
+    """
+    if not image_dir.is_dir():
+        return
+    kept = {p for image in keep for p in (image, stamp_of(image))}
+    stale = [p for p in image_dir.iterdir() if p not in kept]
+    if not stale:
+        return
+
+    def remove() -> None:
+        for p in stale:
+            try:
+                files.remove(p)
+            except OSError as exc:  # the next open tries again
+                log.warning("image=%s event=stale_image_kept error=%r", p.name, exc)
+
+    threading.Thread(target=remove, name="statelog-image-cleanup", daemon=True).start()
