@@ -68,8 +68,10 @@ class ReadOnlyRecovery:
         self._image_dir: Path | None = image_dir
         # A store never closed still leaves no directory behind: removed when it is
         # collected, or at the latest when the interpreter exits.
-        self._remove = weakref.finalize(
-            self, shutil.rmtree if owned else _keep, image_dir, ignore_errors=True
+        self._remove = (
+            weakref.finalize(self, shutil.rmtree, image_dir, ignore_errors=True)
+            if owned
+            else None  # the caller's directory stays
         )
 
     @property
@@ -88,7 +90,8 @@ class ReadOnlyRecovery:
         if self._image_dir is None:
             return
         self.state.base.close()
-        self._remove()
+        if self._remove is not None:
+            self._remove()
         self._image_dir = None
 
     def __enter__(self) -> ReadOnlyRecovery:
@@ -99,10 +102,6 @@ class ReadOnlyRecovery:
 
     def __repr__(self) -> str:
         return f"<ReadOnlyRecovery {self.root} epoch={self.report.epoch}>"
-
-
-def _keep(path: Path, *, ignore_errors: bool) -> None:
-    """The image directory was the caller's: it stays."""
 
 
 def recover_readonly(
