@@ -11,6 +11,14 @@
 |                                                     | its next write or at close; never lowered |
 | a changelog batch over two partitions               | one commit per partition, data and the    |
 |                                                     | highest offset together                   |
+| a crash, then the changelog replayed from the       | the store's own records (in the journal)  |
+| persisted offset: its own records, some never       | not applied over newer writes; another    |
+| delivered, then another writer's                    | writer's applied; the rest dropped        |
+| a revoked partition, exactly-once processing        | nothing journaled or matched              |
+| writes with an event, then recovery completes       | the source offset in the same commit;     |
+|                                                     | assigned source partitions sought to it   |
+| Faust's producer buffer slow to send                | its flush (before a source commit) waits  |
+|                                                     | until empty, bounded, then logs           |
 | close and reopen                                    | the data and offsets are still there      |
 | a rebalance                                         | revoked partitions closed, assigned ones  |
 |                                                     | opened                                    |
@@ -22,8 +30,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
+import shutil
 import sys
+import weakref
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,6 +45,7 @@ import pytest
 
 faust = pytest.importorskip("faust")
 
+from faust.streams import _current_event  # noqa: E402
 from faust.types import TP  # noqa: E402
 
 import statelog  # noqa: E402
@@ -101,7 +114,8 @@ def test_a_table_partition_reads_and_writes(tmp_path: Path) -> None:
     store._del(b"b")
     store._del(b"absent")
     disk = store._store(0)
-    assert disk.epoch == 4  # three writes, one delete of a present key: a commit each
+    # A commit each, the absent key's too: Faust sends its tombstone, which is journaled.
+    assert disk.epoch == 5
     assert store._get(b"a") == b"3" and store._get(b"b") is None
     assert store._contains(b"a") and not store._contains(b"b")
     assert dict(disk.items(TABLE)) == {b"a": b"3"}
@@ -196,3 +210,161 @@ def test_metrics_and_the_audit_trail_see_a_partitions_store(tmp_path: Path) -> N
     trail = AuditTrail(path)
     assert trail.verify().ok
     assert "recovery" in {e.kind for e in trail.entries()}
+
+
+class _Consumer:
+    """Faust's consumer as the store meets it when recovery completes."""
+
+    def __init__(self, assigned: set[TP]) -> None:
+        self.assigned = assigned
+        self.seeks: dict[TP, int] = {}
+
+    def assignment(self) -> set[TP]:
+        return self.assigned
+
+    async def seek(self, tp: TP, offset: int) -> None:
+        self.seeks[tp] = offset
+
+
+def _recovered(store: Store, actives: set[TP], assigned: set[TP] = frozenset()) -> _Consumer:
+    consumer = _Consumer(set(assigned))
+    store.app.consumer = consumer  # type: ignore[assignment]
+    asyncio.run(store.on_recovery_completed(actives, set()))
+    return consumer
+
+
+class _Event:
+    def __init__(self, message: Any) -> None:
+        self.message = message
+
+
+@contextlib.contextmanager
+def _processing(topic: str, partition: int, offset: int) -> Iterator[None]:
+    """Inside an agent, processing one event of the source topic."""
+    msg = SimpleNamespace(topic=topic, partition=partition, offset=offset)
+    event = _Event(msg)
+    token = _current_event.set(weakref.ref(event))  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        _current_event.reset(token)
+
+
+def test_a_stores_source_offsets_decide_where_a_partition_without_commits_resumes(
+    tmp_path: Path,
+) -> None:
+    store = _store(tmp_path)
+    for offset in (7, 8, 9):
+        with _processing("t-events", 1, offset):
+            store._set(b"k%d" % offset, b"v")
+    with _processing("t-events", 1, 3):  # an event again (at least once): never lowers it
+        store._set(b"k3", b"v")
+    disk = store._store(1)
+    assert disk.offsets == {"t-events-1": 10}
+    changelog, source = TP("t-counts-changelog", 1), TP("t-events", 1)
+    consumer = _recovered(store, {changelog}, {changelog, source, TP("t-events", 0)})
+    assert consumer.seeks == {source: 10}  # Faust then seeks where Kafka holds a commit
+
+
+def _replay(store: Store, *records: tuple[int, bytes, bytes | None]) -> None:
+    batch = [_event(0, offset, key, value) for offset, key, value in records]
+    store.apply_changelog_batch(batch, lambda k: k, lambda v: v)
+
+
+def _crash(tmp_path: Path) -> Path:
+    """A SIGKILL: the stores' files as they are now (every commit durable), copied
+    to a new data directory; nothing pending in memory reaches them."""
+    after = tmp_path / "after-crash"
+    shutil.copytree(tmp_path / "tables", after / "tables")
+    return after
+
+
+def test_a_replay_after_a_crash_skips_the_stores_own_records(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    tp = TP("t-counts-changelog", 0)
+    for value in (b"1", b"2", b"3", b"4"):
+        store._set(b"k", value)  # changelog offsets 10, 11, 12, 13 once delivered
+    store._set(b"j", b"9")  # offset 14: never delivered
+    store.set_persisted_offset(tp, 10)
+    store._set(b"other", b"x")  # carries offset 10 and the first removal
+    store.set_persisted_offset(tp, 11)  # confirmed in memory only: the crash loses it
+    assert len(store._journals[0]) == 4
+    again = _store(_crash(tmp_path))
+    assert again.persisted_offset(tp) == 10 and len(again._journals[0]) == 5
+    with _processing("t-events", 0, 40):  # a write while recovery runs: this run's own
+        again._set(b"new", b"n")
+    # Faust replays from offset 11: the store's own records, not applied over its
+    # newer writes (13 matched past 12, compacted away), then another writer's.
+    _replay(again, (11, b"k", b"2"))
+    assert again._get(b"k") == b"4"
+    _replay(again, (13, b"k", b"4"), (20, b"j", b"new"), (21, b"k", b"3"))
+    disk = again._store(0)
+    assert dict(disk.items(TABLE)) == {b"k": b"3", b"j": b"new", b"other": b"x", b"new": b"n"}
+    assert disk.offsets == {"t-counts-changelog-0": 21, "t-events-0": 41}
+    _recovered(again, {tp})
+    # The crashed run's entries dropped; this run's write waits for its confirmation.
+    assert len(again._journals[0]) == 1 and len(list(disk.items("faust.sent"))) == 1
+    again.set_persisted_offset(tp, 22)
+    again.flush_offsets()
+    assert not list(disk.items("faust.sent"))
+
+
+def test_a_replay_of_only_the_stores_own_records_keeps_its_newest_writes(
+    tmp_path: Path,
+) -> None:
+    store = _store(tmp_path)
+    store._set(b"k", b"1")
+    store._set(b"k", b"2")  # never delivered; Kafka's commit passed its event
+    again = _store(_crash(tmp_path))
+    _replay(again, (0, b"k", b"1"))
+    assert again._get(b"k") == b"2"  # not rolled back to the delivered copy
+
+
+def test_the_journal_ends_with_the_partition_or_under_exactly_once(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    topic = store.table.changelog_topic.get_topic_name()
+    store._set(b"k", b"1")
+    asyncio.run(store.on_rebalance(set(), {TP(topic, 0)}, set()))  # revoked: dropped
+    again = _store(tmp_path)
+    again._store(0)
+    assert len(again._journals[0]) == 0
+    _replay(again, (0, b"k", b"0"))  # the next owner's records are applied
+    assert again._get(b"k") == b"0"
+
+    once = faust.App(
+        "e", broker="kafka://127.0.0.1:1", datadir=str(tmp_path / "e"),
+        processing_guarantee="exactly_once",
+        store=f"statelog://{tmp_path}/e?durability=commit&compactor=none",
+    )  # fmt: skip
+    data = once.Table("counts", partitions=1).data
+    assert isinstance(data, Store)
+    data._set(b"k", b"1")
+    assert len(data._journals[0]) == 0
+
+
+class _SlowBuffer:
+    """A producer buffer whose sender takes several of Faust's 0.1 s waits per record."""
+
+    def __init__(self, records: int, *, stuck: bool = False) -> None:
+        self.size, self.waits, self.stuck = records, 0, stuck
+        self.app = SimpleNamespace(conf=SimpleNamespace(broker_request_timeout=0.3))
+
+    async def flush_atmost(self, max_messages: int | None) -> int:
+        self.waits += 1
+        if self.waits % 3 == 0 and not self.stuck:
+            self.size -= 1
+            return 1
+        await asyncio.sleep(0.01)
+        return 0  # Faust's flush gives up here: 0.1 s without a send
+
+
+def test_a_source_commit_waits_until_the_changelog_records_left(tmp_path: Path) -> None:
+    from faust.transport.producer import ProducerBuffer
+
+    _store(tmp_path)  # a statelog store installs the drain
+    slow = _SlowBuffer(4)
+    asyncio.run(ProducerBuffer.flush(slow))  # type: ignore[arg-type]
+    assert slow.size == 0 and slow.waits == 12
+    stuck = _SlowBuffer(2, stuck=True)  # a broker that takes nothing: bounded, then logged
+    asyncio.run(ProducerBuffer.flush(stuck))  # type: ignore[arg-type]
+    assert stuck.size == 2 and stuck.waits > 3

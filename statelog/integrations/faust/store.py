@@ -15,6 +15,9 @@ commit, since Faust has no transaction boundary of its own; the persisted
 offset Faust sets once the write's changelog record is delivered rides on
 the partition's next commit (or is written at close). A changelog batch
 (recovery, standbys) is one commit per partition with its highest offset.
+Each write also journals the changelog record it stands for until Faust
+confirms it (:mod:`statelog.integrations.faust.journal`), so a recovery after
+a crash never rolls the store back to an older copy of its own writes.
 With the default ``durability=group`` a crash of the process loses nothing
 written; a power cut may lose the last ``group_delay`` of writes,
 which Faust replays from the changelog topic after the persisted offset.
@@ -35,6 +38,9 @@ from faust.streams import current_event
 from faust.types import TP, AppT, CollectionT, EventT
 
 from statelog.errors import IntegrationError, StoreLockedError
+from statelog.integrations.faust import drain
+from statelog.integrations.faust.journal import JOURNAL, SentJournal
+from statelog.integrations.faust.positions import event_position, resume_points
 from statelog.integrations.faust.url import StoreURL, parse_store_url
 from statelog.store.store import StateStore
 from statelog.store.store import open as open_store
@@ -71,11 +77,15 @@ class Store(SerializedStore):  # type: ignore[type-arg]
         **kwargs: Any,
     ) -> None:
         self.where: StoreURL = parse_store_url(str(url))  # refused before anything else
+        drain.install()
         super().__init__(url, app, table, options=options, **kwargs)
         self._stores: dict[int, StateStore] = {}
         # Persisted offsets not written yet, per partition: each rides on the partition's
         # next commit (or is written at close), so a table write costs one commit, not two.
         self._pending: dict[int, dict[str, int]] = {}
+        self._journals: dict[int, SentJournal] = {}
+        self._journal_on: bool | None = None
+        self._positions: dict[int, dict[str, int]] = {}  # the source offsets each store holds
 
     # -- where the stores are ----------------------------------------------
     @property
@@ -91,9 +101,22 @@ class Store(SerializedStore):  # type: ignore[type-arg]
         if store is None:
             path = self.partition_path(partition)
             path.parent.mkdir(parents=True, exist_ok=True)
-            options = dataclasses.replace(self.where.options, tables=(TABLE,))
+            options = dataclasses.replace(self.where.options, tables=(TABLE, JOURNAL))
             store = self._stores[partition] = open_store(path, options=options)
+            self._journals[partition] = SentJournal(store)
+            self._positions[partition] = dict(store.offsets)
         return store
+
+    def _journaled(self) -> bool:
+        """Whether writes are journaled (``journal`` module): a table whose changelog
+        partition is its event's, processed at least once (with exactly once, Faust
+        confirms offsets per transaction, not per record)."""
+        if self._journal_on is None:
+            guarantee = str(getattr(self.app.conf.processing_guarantee, "value", ""))
+            self._journal_on = not (self.table.is_global or self.table.use_partitioner) and (
+                guarantee != "exactly_once"
+            )
+        return self._journal_on
 
     def _event_partition(self) -> int | None:
         event = current_event()
@@ -141,30 +164,50 @@ class Store(SerializedStore):  # type: ignore[type-arg]
         return sum(store.count(TABLE) for store in self._actives())
 
     # -- writes: one commit each ----------------------------------------------
-    def _set(self, key: bytes, value: bytes | None) -> None:
-        if value is None:
-            self._del(key)
-            return
+    def _write_partition(self) -> int:
         partition = self._event_partition()
         if partition is None:
             event = current_event()
             partition = int(event.message.partition) if event is not None else 0
-        store = self._store(partition)
-        store.commit(
-            offsets=self._pending.pop(partition, {}), low_watermark_ms=store.low_watermark_ms,
-            put={key: value}, table=TABLE,
-        )  # fmt: skip
+        return partition
+
+    def _set(self, key: bytes, value: bytes | None) -> None:
+        if value is None:
+            self._del(key)
+            return
+        self._write(self._write_partition(), key, value)
 
     def _del(self, key: bytes) -> None:
+        if self._journaled():
+            # Faust sends a tombstone for every delete: journaled, so committed, even
+            # for a key the store lacks.
+            self._write(self._write_partition(), key, None)
+            return
         partition = self._event_partition()
-        parts = [partition] if partition is not None else list(self._stores)
-        for p in parts:
-            store = self._store(p)
-            if store.get(key, table=TABLE) is not None:
-                store.commit(
-                    offsets=self._pending.pop(p, {}), low_watermark_ms=store.low_watermark_ms,
-                    delete=[key], table=TABLE,
-                )  # fmt: skip
+        for p in [partition] if partition is not None else list(self._stores):
+            if self._store(p).get(key, table=TABLE) is not None:
+                self._write(p, key, None)
+
+    def _write(self, partition: int, key: bytes, value: bytes | None) -> None:
+        """One commit: the write, its journal entry, the offsets and removals due."""
+        store = self._store(partition)
+        with store.transaction() as tx:
+            if value is None:
+                tx.delete(key, table=TABLE)
+            else:
+                tx.put(key, value, table=TABLE)
+            for name, offset in self._pending.pop(partition, {}).items():
+                tx.set_offset(name, offset)
+            position = event_position(current_event())
+            held = self._positions[partition]
+            if position is not None and position[1] > held.get(position[0], -1):
+                tx.set_offset(*position)  # a replayed event (at least once) never lowers it
+                held[position[0]] = position[1]
+            journal = self._journals[partition]
+            if self._journaled():
+                journal.wrote(tx, key, value)
+            else:
+                journal.removals(tx)
 
     def _clear(self) -> None:
         for store in self._actives():
@@ -190,6 +233,9 @@ class Store(SerializedStore):  # type: ignore[type-arg]
         statelog's offsets never go backwards: a lower one (a changelog topic
         recreated under the table) is logged and not written.
         """
+        journal = self._journals.get(tp.partition)
+        if journal is not None:
+            journal.delivered()  # one confirmation per record, in order
         name = offset_name(tp)
         current = self.persisted_offset(tp)
         if current is not None and offset < current:
@@ -202,12 +248,17 @@ class Store(SerializedStore):  # type: ignore[type-arg]
         self._pending.setdefault(tp.partition, {})[name] = offset
 
     def flush_offsets(self, partition: int | None = None) -> None:
-        """Write the persisted offsets still pending (of ``partition``, or all), one commit each."""
-        for p in [partition] if partition is not None else list(self._pending):
-            offsets = self._pending.pop(p, None)
-            store = self._stores.get(p)
-            if offsets and store is not None:
-                store.commit(offsets=offsets, low_watermark_ms=store.low_watermark_ms)
+        """Write the persisted offsets and journal removals still pending (of
+        ``partition``, or all), one commit each."""
+        for p in [partition] if partition is not None else list(self._stores):
+            offsets = self._pending.pop(p, None) or {}
+            store, journal = self._stores.get(p), self._journals.get(p)
+            if store is None or journal is None or not (offsets or journal.pending()):
+                continue
+            with store.transaction() as tx:
+                for name, offset in offsets.items():
+                    tx.set_offset(name, offset)
+                journal.removals(tx)
 
     def apply_changelog_batch(
         self,
@@ -215,14 +266,20 @@ class Store(SerializedStore):  # type: ignore[type-arg]
         to_key: Callable[[Any], Any],
         to_value: Callable[[Any], Any],
     ) -> None:
-        """Apply a changelog batch: one commit per partition, data and highest offset together."""
+        """Apply a changelog batch: one commit per partition, data and highest offset together.
+
+        A record the partition's journal names as the store's own is not applied
+        (module ``journal``): the store holds it or a newer write of the same key.
+        """
         per: dict[int, tuple[dict[bytes, bytes | None], dict[str, int]]] = {}
         for event in batch:
             msg = event.message
             if msg.key is None:
                 raise TypeError(f"Changelog entry is missing key: {msg}")
             changes, offsets = per.setdefault(msg.partition, ({}, {}))
-            changes[msg.key] = msg.value
+            self._store(msg.partition)
+            if not self._journals[msg.partition].own(msg.key, msg.value):
+                changes[msg.key] = msg.value
             name = offset_name(msg.tp)
             offsets[name] = max(msg.offset, offsets.get(name, msg.offset))
         for partition, (changes, offsets) in per.items():
@@ -239,6 +296,24 @@ class Store(SerializedStore):  # type: ignore[type-arg]
                 for name, offset in offsets.items():
                     if offset >= current.get(name, -1):
                         tx.set_offset(name, offset)
+                self._journals[partition].removals(tx)
+
+    async def on_recovery_completed(self, active_tps: set[TP], standby_tps: set[TP]) -> None:
+        """Drop what the journals still hold (records never delivered: ``journal``), and
+        seek each assigned source partition to where its store's state got
+        (``positions``; Faust then seeks where Kafka holds a commit)."""
+        for partition in list(self._stores):
+            self._journals[partition].settle()
+        self.flush_offsets()
+        consumer = self.app.consumer
+        assigned = consumer.assignment()
+        for tp in active_tps:
+            store = self._stores.get(tp.partition)
+            if store is None:
+                continue
+            for source, offset in resume_points(store.offsets, assigned, offset_name(tp)).items():
+                await consumer.seek(source, offset)
+        await super().on_recovery_completed(active_tps, standby_tps)
 
     # -- rebalance and lifecycle ------------------------------------------------
     async def on_rebalance(
@@ -272,7 +347,12 @@ class Store(SerializedStore):  # type: ignore[type-arg]
 
     def _close(self, partition: int) -> None:
         if partition in self._stores:
+            # A revoked partition's next owner writes the changelog too: the journal
+            # would no longer know which records after its offset are this store's.
+            self._journals[partition].clear()
             self.flush_offsets(partition)
+        self._journals.pop(partition, None)
+        self._positions.pop(partition, None)
         store = self._stores.pop(partition, None)
         if store is not None:
             store.close()
