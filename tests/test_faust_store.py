@@ -222,8 +222,8 @@ class _Consumer:
     def assignment(self) -> set[TP]:
         return self.assigned
 
-    async def seek(self, tp: TP, offset: int) -> None:
-        self.seeks[tp] = offset
+    async def seek_wait(self, partitions: dict[TP, int]) -> None:
+        self.seeks.update(partitions)
 
 
 def _recovered(store: Store, actives: set[TP], assigned: set[TP] = frozenset()) -> _Consumer:

@@ -307,12 +307,15 @@ class Store(SerializedStore):  # type: ignore[type-arg]
         self.flush_offsets()
         consumer = self.app.consumer
         assigned = consumer.assignment()
+        seeks: dict[TP, int] = {}
         for tp in active_tps:
             store = self._stores.get(tp.partition)
-            if store is None:
-                continue
-            for source, offset in resume_points(store.offsets, assigned, offset_name(tp)).items():
-                await consumer.seek(source, offset)
+            if store is not None:
+                seeks.update(resume_points(store.offsets, assigned, offset_name(tp)))
+        if seeks:
+            # In the consumer's own thread, as Faust seeks: a seek from this loop would
+            # race the fetcher there.
+            await consumer.seek_wait(seeks)
         await super().on_recovery_completed(active_tps, standby_tps)
 
     # -- rebalance and lifecycle ------------------------------------------------
