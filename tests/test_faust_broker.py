@@ -9,7 +9,7 @@ rows in the partitions' statelog stores equal to the model's.
 | case                                           | what it shows                                |
 |------------------------------------------------|----------------------------------------------|
 | SIGKILLed at random moments, restarted         | no acknowledged write lost: the rows, read   |
-|   (`stress`)                                   | back from statelog, equal the model's        |
+|                                                | back from statelog, equal the model's        |
 | Kafka committed offsets whose state never      | the state comes back from the changelog,     |
 | reached statelog, then a crash                 | from statelog's persisted offset on          |
 | Kafka's commits lost (the reverse)             | the events come again; statelog's state      |
@@ -144,11 +144,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(60)
 
 
-# Behind the stress marker (`make stress`): in a clean-clone run of the whole suite on
-# a busy 2-core host, the restarted worker's rows stayed short of the model; one such
-# failure, examined, had events that no worker ever wrote (each store's log intact).
-# Its failure message names the rows, the stores and the worker's log.
-@pytest.mark.stress
+# A failure names the rows that differ, each partition store's offsets and the worker's log.
 def test_sigkill_at_random_moments_loses_no_write(kafka: Broker, tmp_path: Path) -> None:
     prefix, datadir = "fkill.", tmp_path / "w"
     _topics(kafka, prefix)
