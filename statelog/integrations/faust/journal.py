@@ -20,9 +20,10 @@ partition, each replayed record that matches the journal (its next entry, or
 a later one when earlier records never arrived) is the store's own and is not
 applied over the newer state; the first record that matches none is another
 writer's, and it and every record after it are applied as Faust sends them.
-Whatever is left in the journal once recovery completes, or when the
-partition is revoked, was never delivered and is dropped, so the journal
-never speaks for records written after it.
+What is left of the crashed run's entries once recovery completes was never
+delivered and is dropped (the writes of this run, which may start before
+recovery ends, keep theirs until Faust confirms them); a revoked partition
+drops every entry, since its next owner writes the changelog too.
 
 The effect for an agent: after a crash, the events since Faust's last source
 commit come again (at least once), and the table already holds the effects
