@@ -36,9 +36,9 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import deque
-from typing import Protocol
 
 from statelog.store.store import StateStore
+from statelog.store.transaction import Transaction
 
 __all__ = ["JOURNAL", "SentJournal", "record_digest"]
 
@@ -46,11 +46,6 @@ JOURNAL = "faust.sent"
 """The statelog table of a partition store's writes whose changelog records are unconfirmed."""
 
 _SEQ = struct.Struct(">Q")
-
-
-class _Tx(Protocol):
-    def put(self, key: bytes, value: bytes, *, table: str = ...) -> object: ...
-    def delete(self, key: bytes, *, table: str = ...) -> object: ...
 
 
 def record_digest(key: bytes, value: bytes | None) -> bytes:
@@ -81,7 +76,7 @@ class SentJournal:
     def __len__(self) -> int:
         return len(self._old) + len(self._entries)
 
-    def wrote(self, tx: _Tx, key: bytes, value: bytes | None) -> None:
+    def wrote(self, tx: Transaction, key: bytes, value: bytes | None) -> None:
         """Journal a write in its commit ``tx`` (with any removals due)."""
         self._entries.append((self._next, record_digest(key, value)))
         tx.put(_SEQ.pack(self._next), self._entries[-1][1], table=JOURNAL)
@@ -97,7 +92,7 @@ class SentJournal:
         """Whether removals wait for a commit."""
         return bool(self._done)
 
-    def removals(self, tx: _Tx) -> None:
+    def removals(self, tx: Transaction) -> None:
         """Delete the confirmed or dropped entries in the commit ``tx``."""
         for seq in self._done:
             tx.delete(_SEQ.pack(seq), table=JOURNAL)

@@ -85,7 +85,6 @@ class Store(SerializedStore):  # type: ignore[type-arg]
         self._pending: dict[int, dict[str, int]] = {}
         self._journals: dict[int, SentJournal] = {}
         self._journal_on: bool | None = None
-        self._positions: dict[int, dict[str, int]] = {}  # the source offsets each store holds
 
     # -- where the stores are ----------------------------------------------
     @property
@@ -104,7 +103,6 @@ class Store(SerializedStore):  # type: ignore[type-arg]
             options = dataclasses.replace(self.where.options, tables=(TABLE, JOURNAL))
             store = self._stores[partition] = open_store(path, options=options)
             self._journals[partition] = SentJournal(store)
-            self._positions[partition] = dict(store.offsets)
         return store
 
     def _journaled(self) -> bool:
@@ -199,10 +197,8 @@ class Store(SerializedStore):  # type: ignore[type-arg]
             for name, offset in self._pending.pop(partition, {}).items():
                 tx.set_offset(name, offset)
             position = event_position(current_event())
-            held = self._positions[partition]
-            if position is not None and position[1] > held.get(position[0], -1):
+            if position is not None and position[1] > store.offsets.get(position[0], -1):
                 tx.set_offset(*position)  # a replayed event (at least once) never lowers it
-                held[position[0]] = position[1]
             journal = self._journals[partition]
             if self._journaled():
                 journal.wrote(tx, key, value)
@@ -355,7 +351,6 @@ class Store(SerializedStore):  # type: ignore[type-arg]
             self._journals[partition].clear()
             self.flush_offsets(partition)
         self._journals.pop(partition, None)
-        self._positions.pop(partition, None)
         store = self._stores.pop(partition, None)
         if store is not None:
             store.close()
