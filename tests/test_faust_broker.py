@@ -139,6 +139,26 @@ def _wait_rows(what: str, datadir: Path, want: dict[str, Any], timeout: float,
         ) from None
 
 
+def _dump_topics(broker: Broker, prefix: str, out: Path) -> None:  # TEMPTRACE
+    from confluent_kafka import Consumer, TopicPartition  # TEMPTRACE
+
+    lines = []  # TEMPTRACE
+    for topic in (f"{prefix}events", f"{prefix}app-{faust_app.TABLE}-changelog"):  # TEMPTRACE
+        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"dump-{time.monotonic_ns()}",  # TEMPTRACE
+                      "enable.auto.commit": False})  # TEMPTRACE
+        c.assign([TopicPartition(topic, p, 0) for p in range(faust_app.PARTITIONS)])  # TEMPTRACE
+        idle = time.monotonic()  # TEMPTRACE
+        while time.monotonic() - idle < 3:  # TEMPTRACE
+            m = c.poll(0.5)  # TEMPTRACE
+            if m is None or m.error():  # TEMPTRACE
+                continue  # TEMPTRACE
+            idle = time.monotonic()  # TEMPTRACE
+            v = m.value()  # TEMPTRACE
+            lines.append(f"{topic[-9:]} {m.partition()} {m.offset()} {m.key()!r} {v!r}")  # TEMPTRACE
+        c.close()  # TEMPTRACE
+    out.write_text("\n".join(lines))  # TEMPTRACE
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.send_signal(signal.SIGTERM)
     proc.wait(60)
@@ -254,7 +274,10 @@ def test_a_rebalance_moves_partitions_between_workers(kafka: Broker, tmp_path: P
         produce(kafka, prefix, stream[2_000:])
         want = _model(stream)
         # A rebalance, then the changelog B wrote replayed into A's stores: slow on a busy host.
-        _wait_rows("A's rows after B left", a, want, 200, b)
+        try:  # TEMPTRACE
+            _wait_rows("A's rows after B left", a, want, 200, b)
+        finally:  # TEMPTRACE
+            _dump_topics(kafka, prefix, tmp_path / "topics.txt")  # TEMPTRACE
         _stop(wa)
     assert _rows(a) == want, _log(a)
 

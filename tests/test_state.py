@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from statelog.format.records import encode_value
-from statelog.state.live import MAX_GENERATIONS, LiveState
+from statelog.state.live import MAX_GENERATIONS, Generation, LiveState
 from statelog.storage.builder import ImageBuilder
 from statelog.storage.image import BaseLevel
 
@@ -32,6 +32,25 @@ def test_delete_survives_a_generation_merge_and_a_later_swap(tmp_path: Path) -> 
     assert state.get("t", "k") is None
     assert "k" not in dict(state.items("t"))
     assert state.count("t") == len(range(2, MAX_GENERATIONS + 10))
+
+
+def test_a_swap_hands_the_generations_it_folds_to_the_caller(tmp_path: Path) -> None:
+    """The watcher frees folded entries after releasing the view lock: it must get
+    exactly the generations the swap dropped, and the state must hold none of them."""
+    state = LiveState()
+    for seg, epoch in ((1, 1), (2, 2), (3, 3)):
+        state.begin_generation(seg)
+        state.apply(epoch, {}, 0, [("t", [f"k{seg}"], [encode_value(seg)], [])])
+    first, second, third = state.generations
+    image = tmp_path / "img.mdb"
+    with ImageBuilder.create(tmp_path / "work.mdb") as b:
+        b.apply("t", ["k1", "k2"], [encode_value(1), encode_value(2)], [])
+        b.finish(image)
+    dropped: list[Generation] = []
+    state.swap_base(BaseLevel(image), 2, dropped).close()
+    assert dropped == [first, second]
+    assert state.generations == [third]
+    assert [state.get("t", k) for k in ("k1", "k2", "k3")] == [encode_value(n) for n in (1, 2, 3)]
 
 
 # -- reads against a model, across generations, merges and swaps ----------------------

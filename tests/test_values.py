@@ -9,7 +9,9 @@ its log and its snapshot.
 
 from __future__ import annotations
 
+import enum
 import re
+import uuid
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -23,7 +25,7 @@ from hypothesis import strategies as st
 import statelog
 from compactor import compact
 from statelog.format.records import DECODE_ERRORS
-from statelog.format.values import decode_value, encode_value
+from statelog.format.values import decode_value, encode_value, encode_values
 
 FORMAT = Path(__file__).resolve().parents[1] / "docs" / "format.md"
 
@@ -112,6 +114,54 @@ def _same(a: Any, b: Any) -> bool:
 @given(_values)
 def test_every_accepted_value_decodes_to_itself(value: Any) -> None:
     assert _same(value, decode_value(encode_value(value)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_values, max_size=6))
+def test_a_batch_encodes_to_the_bytes_of_each_value(values: list[Any]) -> None:
+    assert encode_values(values) == [encode_value(v) for v in values]
+
+
+class _Side(enum.IntEnum):
+    LEDGER = 1
+
+
+_PLAIN_ROWS = [{"id": n, "side": "ledger", "amt": 1.5, "raw": b"x", "ok": None} for n in range(50)]
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        pytest.param({"at": datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)}, id="datetime-value"),
+        pytest.param({"day": date(2024, 1, 2)}, id="date-value"),
+        pytest.param({"amount": Decimal("-0.10")}, id="decimal-value"),
+        pytest.param({"tags": ("a", "b")}, id="tuple-value"),
+        pytest.param({"nested": {"k": [1, 2]}}, id="nested"),
+        pytest.param(7, id="a-plain-value-among-dicts"),
+    ],
+)
+def test_a_batch_with_one_value_needing_an_extension_encodes_it_as_alone(odd: Any) -> None:
+    """msgspec would write a datetime or Decimal its own way: the batch must not take it raw."""
+    batch = [*_PLAIN_ROWS, odd]
+    assert encode_values(batch) == [encode_value(v) for v in batch]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param({"side": _Side.LEDGER}, id="int-enum-value"),
+        pytest.param({"ids": {1, 2}}, id="set-value"),
+        pytest.param({"id": uuid.UUID(int=1)}, id="uuid-value"),
+        pytest.param({"buf": bytearray(b"x")}, id="bytearray-value"),
+        pytest.param({_Side.LEDGER: 1}, id="int-enum-key"),
+        pytest.param({(1, 2): 1}, id="tuple-key"),
+        pytest.param(_Side.LEDGER, id="int-enum-alone"),
+    ],
+)
+def test_a_batch_with_one_refused_value_is_refused(bad: Any) -> None:
+    """msgspec would encode each of these as another type: one in a batch refuses the batch."""
+    with pytest.raises(TypeError, match="is not"):
+        encode_values([*_PLAIN_ROWS, bad])
 
 
 def test_values_survive_the_log_and_a_snapshot(tmp_path: Path) -> None:

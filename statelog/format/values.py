@@ -29,9 +29,10 @@ Values written before the extensions existed decode as they did: an aware
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
+from itertools import chain
 from typing import Any
 
 import msgspec
@@ -44,6 +45,7 @@ __all__ = [
     "decode_value",
     "decode_values",
     "encode_value",
+    "encode_values",
 ]
 
 EXT_DATETIME = 1
@@ -95,6 +97,39 @@ def encode_value(v: Any) -> bytes:
     if v.__class__ in _PLAIN:
         return _encode(v)
     return _encode(_convert(v))
+
+
+_plain_only = _PLAIN.issuperset
+_flatten = chain.from_iterable
+
+
+def encode_values(values: Sequence[Any]) -> list[bytes]:
+    """:func:`encode_value` of each of ``values``, the same bytes, the same errors.
+
+    A commit encodes every value it puts, so this is on the commit path. When
+    every value is of a plain type, or every value is a dict whose keys and
+    values all are, the types are checked in C across the whole batch (a set
+    of types, no Python-level loop) and msgspec encodes each value as it is;
+    any other batch takes :func:`encode_value` per value.
+
+    :raises TypeError, OverflowError, RecursionError: as :func:`encode_value`,
+        for the first value that fails.
+    """
+    if _plain_batch(values):
+        return list(map(_encode, values))
+    return list(map(encode_value, values))
+
+
+def _plain_batch(values: Sequence[Any]) -> bool:
+    """Every value plain, or every value a dict of plain keys and plain values."""
+    if _plain_only(map(type, values)):
+        return True
+    if not {dict}.issuperset(map(type, values)):
+        return False
+    keys = set(_flatten(values))  # a dict iterates its keys; a set: each distinct key once
+    return _plain_only(map(type, keys)) and _plain_only(
+        map(type, _flatten(map(dict.values, values)))
+    )
 
 
 def _ext_hook(code: int, data: memoryview) -> Any:

@@ -151,12 +151,17 @@ class LiveState:
         if rec.commit_ms:
             self.commit_ms = rec.commit_ms
 
-    def swap_base(self, base: Base, epoch: int) -> Base:
+    def swap_base(
+        self, base: Base, epoch: int, dropped: list[Generation] | None = None
+    ) -> Base:
         """Install ``base`` (the state at ``epoch``); drop generations it covers.
 
         Only generations wholly at or below ``epoch`` are dropped, so a
         generation straddling it stays and still shadows the base correctly
         (its entries are at least as new). Returns the old base to close.
+        ``dropped``, if given, receives the generations dropped: a caller
+        holding a lock can then free their entries (a large overlay takes tens
+        of milliseconds) after releasing it.
         """
         old = self.base
         self.base, self.base_epoch = base, epoch
@@ -165,6 +170,8 @@ class LiveState:
         if top.last_epoch <= epoch and top.tables:
             # The newest generation is folded too: keep an empty one to write into.
             kept = [Generation(top.segment, self.epoch + 1)]
+        if dropped is not None:
+            dropped.extend(g for g in self.generations if all(g is not k for k in kept))
         self.generations = kept
         self.overlay_bytes = sum(g.record_bytes for g in kept)
         self._sealed.clear()

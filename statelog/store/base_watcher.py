@@ -24,7 +24,7 @@ from pathlib import Path
 
 from statelog.errors import CorruptionError, FormatVersionError, StorageError
 from statelog.events import emit
-from statelog.state.live import LiveState
+from statelog.state.live import Generation, LiveState
 from statelog.storage.fileio import FileLayer
 from statelog.storage.image_cache import published
 from statelog.storage.image_stamp import stamp_of
@@ -125,8 +125,10 @@ class BaseWatcher:
                     "snapshot=%s event=snapshot_unreadable epoch=%d error=%r", path.name, epoch, exc
                 )
                 continue
+            dropped: list[Generation] = []
             with self._view:
-                old = state.swap_base(base, lsn)
+                old = state.swap_base(base, lsn, dropped)
+            dropped.clear()  # the folded entries are freed here, commits no longer waiting
             old.close()
             for image in set(getattr(old, "paths", ())) - set(base.paths):
                 for p in (image, stamp_of(image)):

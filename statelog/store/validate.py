@@ -15,7 +15,7 @@ from typing import Any
 from statelog.errors import InvalidCommitError, InvalidOptionError
 from statelog.format.limits import MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, table_name_problem
 from statelog.format.records import TableDelta, encode_value
-from statelog.format.values import VALUE_TYPES
+from statelog.format.values import VALUE_TYPES, encode_values
 from statelog.state.live import Key
 
 __all__ = [
@@ -113,7 +113,7 @@ def table_delta(name: Any, put: Mapping[Any, Any], delete: Iterable[Any]) -> Tab
         )
     keys = _strict_keys(put.keys(), name)
     try:
-        values = list(map(encode_value, put.values()))
+        values = encode_values(list(put.values()))
     except ENCODE_ERRORS as exc:
         bad = next(k for k, v in put.items() if not _encodes(v))
         raise InvalidCommitError(
