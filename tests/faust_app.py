@@ -105,6 +105,8 @@ async def reconcile(stream: Any) -> None:
             from faust.streams import current_event  # TEMPTRACE
             m = current_event().message  # TEMPTRACE
             _TRACE("EVENT", m.partition, m.offset, entity, event["seq"], "applied" if row else "SKIP")  # TEMPTRACE
+            if _DIR.endswith("/a") and os.environ.get("FAUST_TRACE_SLOW_A"):  # TEMPTRACE
+                time.sleep(float(os.environ["FAUST_TRACE_SLOW_A"]))  # TEMPTRACE
         if row is not None:
             rows[entity] = row
         if _REPORT:
