@@ -86,14 +86,6 @@ rows = app.Table(TABLE, default=None, partitions=PARTITIONS, key_type=str)
 
 
 _REPORT = os.environ.get("FAUST_APP_REPORT")
-_TRACE: Any = None  # TEMPTRACE
-if os.environ.get("FAUST_TRACE"):  # TEMPTRACE
-    sys.path.insert(0, "/tmp/fbtrace")  # TEMPTRACE
-    import fbtrace  # TEMPTRACE
-
-    fbtrace.install()  # TEMPTRACE
-    fbtrace.install_more()  # TEMPTRACE
-    _TRACE = fbtrace.T  # TEMPTRACE
 _seen: dict[str, float] = {"started": time.time(), "first": 0.0, "last": 0.0, "count": 0}
 
 
@@ -101,12 +93,6 @@ _seen: dict[str, float] = {"started": time.time(), "first": 0.0, "last": 0.0, "c
 async def reconcile(stream: Any) -> None:
     async for entity, event in stream.items():
         row = apply(rows.get(entity), event)
-        if _TRACE:  # TEMPTRACE
-            from faust.streams import current_event  # TEMPTRACE
-            m = current_event().message  # TEMPTRACE
-            _TRACE("EVENT", m.partition, m.offset, entity, event["seq"], "applied" if row else "SKIP")  # TEMPTRACE
-            if _DIR.endswith("/a") and os.environ.get("FAUST_TRACE_SLOW_A"):  # TEMPTRACE
-                time.sleep(float(os.environ["FAUST_TRACE_SLOW_A"]))  # TEMPTRACE
         if row is not None:
             rows[entity] = row
         if _REPORT:

@@ -17,6 +17,8 @@
 | a revoked partition, exactly-once processing        | nothing journaled or matched              |
 | writes with an event, then recovery completes       | the source offset in the same commit;     |
 |                                                     | assigned source partitions sought to it   |
+| a partition recovered from another worker's         | its source partition sought to its        |
+| changelog, no source offset in the store            | earliest offset (reset policy earliest)   |
 | Faust's producer buffer slow to send                | its flush (before a source commit) waits  |
 |                                                     | until empty, bounded, then logs           |
 | close and reopen                                    | the data and offsets are still there      |
@@ -222,6 +224,9 @@ class _Consumer:
     def assignment(self) -> set[TP]:
         return self.assigned
 
+    async def earliest_offsets(self, *partitions: TP) -> dict[TP, int]:
+        return dict.fromkeys(partitions, 0)
+
     async def seek_wait(self, partitions: dict[TP, int]) -> None:
         self.seeks.update(partitions)
 
@@ -264,6 +269,22 @@ def test_a_stores_source_offsets_decide_where_a_partition_without_commits_resume
     changelog, source = TP("t-counts-changelog", 1), TP("t-events", 1)
     consumer = _recovered(store, {changelog}, {changelog, source, TP("t-events", 0)})
     assert consumer.seeks == {source: 10}  # Faust then seeks where Kafka holds a commit
+
+
+def test_a_partition_recovered_from_another_workers_changelog_resumes_at_its_start(
+    tmp_path: Path,
+) -> None:
+    store = _store(tmp_path)
+    store.app.topics.acking_topics.add("t-events")  # an agent's topic: Faust commits it
+    _replay(store, (0, b"k", b"1"))  # the state another worker's events made, no source offset
+    changelog = TP("t-counts-changelog", 0)
+    source, other, internal = TP("t-events", 0), TP("t-events", 1), TP("t-__leader", 0)
+    consumer = _recovered(store, {changelog}, {changelog, source, other, internal})
+    # The consumer's position is not trusted: Faust dropped what it fetched while
+    # recovering, and seeks nowhere without a commit.
+    assert consumer.seeks == {source: 0}
+    store.app.conf.consumer_auto_offset_reset = "latest"
+    assert _recovered(store, {changelog}, {changelog, source}).seeks == {}
 
 
 def _replay(store: Store, *records: tuple[int, bytes, bytes | None]) -> None:

@@ -151,9 +151,7 @@ class LiveState:
         if rec.commit_ms:
             self.commit_ms = rec.commit_ms
 
-    def swap_base(
-        self, base: Base, epoch: int, dropped: list[Generation] | None = None
-    ) -> Base:
+    def swap_base(self, base: Base, epoch: int, dropped: list[Generation] | None = None) -> Base:
         """Install ``base`` (the state at ``epoch``); drop generations it covers.
 
         Only generations wholly at or below ``epoch`` are dropped, so a

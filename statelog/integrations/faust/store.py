@@ -40,7 +40,7 @@ from faust.types import TP, AppT, CollectionT, EventT
 from statelog.errors import IntegrationError, StoreLockedError
 from statelog.integrations.faust import drain
 from statelog.integrations.faust.journal import JOURNAL, SentJournal
-from statelog.integrations.faust.positions import event_position, resume_points
+from statelog.integrations.faust.positions import event_position, seek_sources
 from statelog.integrations.faust.url import StoreURL, parse_store_url
 from statelog.store.store import StateStore
 from statelog.store.store import open as open_store
@@ -296,22 +296,17 @@ class Store(SerializedStore):  # type: ignore[type-arg]
 
     async def on_recovery_completed(self, active_tps: set[TP], standby_tps: set[TP]) -> None:
         """Drop what the journals still hold (records never delivered: ``journal``), and
-        seek each assigned source partition to where its store's state got
-        (``positions``; Faust then seeks where Kafka holds a commit)."""
+        seek each active partition's source partitions to where its store's state got,
+        or to their earliest offsets where it names none (``positions``; Faust then
+        seeks where Kafka holds a commit)."""
         for partition in list(self._stores):
             self._journals[partition].settle()
         self.flush_offsets()
-        consumer = self.app.consumer
-        assigned = consumer.assignment()
-        seeks: dict[TP, int] = {}
+        active: dict[TP, Mapping[str, int]] = {}
         for tp in active_tps:
             store = self._stores.get(tp.partition)
-            if store is not None:
-                seeks.update(resume_points(store.offsets, assigned, offset_name(tp)))
-        if seeks:
-            # In the consumer's own thread, as Faust seeks: a seek from this loop would
-            # race the fetcher there.
-            await consumer.seek_wait(seeks)
+            active[tp] = store.offsets if store is not None else {}
+        await seek_sources(self.app, active)
         await super().on_recovery_completed(active_tps, standby_tps)
 
     # -- rebalance and lifecycle ------------------------------------------------
