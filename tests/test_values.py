@@ -164,6 +164,13 @@ def test_a_batch_with_one_refused_value_is_refused(bad: Any) -> None:
         encode_values([*_PLAIN_ROWS, bad])
 
 
+def test_an_enum_key_equal_to_a_plain_key_of_another_value_is_refused() -> None:
+    """Equal keys in two values of a batch (1 and an IntEnum member of value 1) are
+    still each checked: the enum would otherwise be written as a plain int."""
+    with pytest.raises(TypeError, match="is not"):
+        encode_values([{1: "x"}, {_Side.LEDGER: "y"}])
+
+
 def test_values_survive_the_log_and_a_snapshot(tmp_path: Path) -> None:
     values = {
         "naive": datetime(2024, 2, 29, 23, 59, 59, 1),

@@ -126,7 +126,9 @@ def _plain_batch(values: Sequence[Any]) -> bool:
         return True
     if not {dict}.issuperset(map(type, values)):
         return False
-    keys = set(_flatten(values))  # a dict iterates its keys; a set: each distinct key once
+    # Types, never the keys themselves, go in a set: an IntEnum member equals its int
+    # and a StrEnum member its str, so a set of keys could keep the plain one only.
+    keys = _flatten(values)  # a dict iterates its keys
     return _plain_only(map(type, keys)) and _plain_only(
         map(type, _flatten(map(dict.values, values)))
     )
