@@ -246,7 +246,8 @@ class _Event:
 @contextlib.contextmanager
 def _processing(topic: str, partition: int, offset: int) -> Iterator[None]:
     """Inside an agent, processing one event of the source topic."""
-    msg = SimpleNamespace(topic=topic, partition=partition, offset=offset)
+    tp = TP(topic, partition)
+    msg = SimpleNamespace(topic=topic, partition=partition, offset=offset, tp=tp)
     event = _Event(msg)
     token = _current_event.set(weakref.ref(event))  # type: ignore[arg-type]
     try:

@@ -169,7 +169,8 @@ class LiveState:
             # The newest generation is folded too: keep an empty one to write into.
             kept = [Generation(top.segment, self.epoch + 1)]
         if dropped is not None:
-            dropped.extend(g for g in self.generations if all(g is not k for k in kept))
+            kept_ids = set(map(id, kept))
+            dropped.extend(g for g in self.generations if id(g) not in kept_ids)
         self.generations = kept
         self.overlay_bytes = sum(g.record_bytes for g in kept)
         self._sealed.clear()

@@ -25,7 +25,8 @@ else:
 
 require("faust-streaming", _version, at_least=(0, 15), below=(0, 16), extra="faust")
 
-from statelog.integrations.faust.store import TABLE, Store, offset_name  # noqa: E402
+from statelog.integrations.faust.positions import offset_name  # noqa: E402
+from statelog.integrations.faust.store import TABLE, Store  # noqa: E402
 from statelog.integrations.faust.url import StoreURL, parse_store_url  # noqa: E402
 
 __all__ = ["TABLE", "Store", "StoreURL", "offset_name", "parse_store_url"]

@@ -30,7 +30,12 @@ from typing import Any
 
 from faust.types import TP, AppT
 
-__all__ = ["event_position", "resume_points", "seek_sources"]
+__all__ = ["event_position", "offset_name", "resume_points", "seek_sources"]
+
+
+def offset_name(tp: TP) -> str:
+    """The statelog offset of a topic partition: ``"app-counts-changelog-3"``, ``"orders-0"``."""
+    return f"{tp.topic}-{tp.partition}"
 
 
 def event_position(event: Any) -> tuple[str, int] | None:
@@ -38,13 +43,13 @@ def event_position(event: Any) -> tuple[str, int] | None:
     if event is None:
         return None
     msg = event.message
-    return f"{msg.topic}-{msg.partition}", int(msg.offset) + 1
+    return offset_name(msg.tp), int(msg.offset) + 1
 
 
 def resume_points(offsets: Mapping[str, int], assigned: Iterable[TP], skip: str) -> dict[TP, int]:
     """The assigned source partitions a store's ``offsets`` name, with the offset to
     resume at; ``skip`` is the store's changelog offset name."""
-    by_name = {f"{tp.topic}-{tp.partition}": tp for tp in assigned}
+    by_name = {offset_name(tp): tp for tp in assigned}
     return {by_name[name]: off for name, off in offsets.items() if name != skip and name in by_name}
 
 
@@ -61,7 +66,7 @@ async def seek_sources(app: AppT, active: Mapping[TP, Mapping[str, int]]) -> Non
     assigned = consumer.assignment()
     seeks: dict[TP, int] = {}
     for changelog, offsets in active.items():
-        seeks.update(resume_points(offsets, assigned, f"{changelog.topic}-{changelog.partition}"))
+        seeks.update(resume_points(offsets, assigned, offset_name(changelog)))
     numbers = {tp.partition for tp in active}
     unnamed = [
         tp for tp in assigned

@@ -40,7 +40,7 @@ from faust.types import TP, AppT, CollectionT, EventT
 from statelog.errors import IntegrationError, StoreLockedError
 from statelog.integrations.faust import drain
 from statelog.integrations.faust.journal import JOURNAL, SentJournal
-from statelog.integrations.faust.positions import event_position, seek_sources
+from statelog.integrations.faust.positions import event_position, offset_name, seek_sources
 from statelog.integrations.faust.url import StoreURL, parse_store_url
 from statelog.store.store import StateStore
 from statelog.store.store import open as open_store
@@ -54,11 +54,6 @@ TABLE = "faust"
 
 _LOCK_RETRIES = 30
 """Seconds an assignment waits for a partition's store that another worker still holds."""
-
-
-def offset_name(tp: TP) -> str:
-    """The statelog offset of a changelog partition: ``"app-counts-changelog-3"``."""
-    return f"{tp.topic}-{tp.partition}"
 
 
 class Store(SerializedStore):  # type: ignore[type-arg]
