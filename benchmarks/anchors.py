@@ -145,13 +145,30 @@ def _statelog_checkpoints(
     return n, time.monotonic() - started
 
 
+def _daemon(store_dir: Path, env: dict[str, str], url: str | None) -> subprocess.Popen[bytes]:
+    """``statelog-compactor`` on ``store_dir``, shipping to ``url`` (None: compacting only)."""
+    ship = [] if url is None else ["--remote", url, "--max-ship-lag", "1s"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "compactor", *ship, "--interval", "5",
+         "--min-tail-bytes", "4MiB", str(store_dir)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
 def run_statelog_unshipped(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[str, Any]:
-    """statelog's side with nothing shipping: what shipping costs the writer's throughput."""
+    """statelog's side with nothing shipping (the same daemon, compacting only): what
+    shipping costs the writer's throughput."""
     store_dir = work / "statelog-unshipped"
     _load_statelog(store_dir, keys)
+    daemon = _daemon(store_dir, dict(os.environ), None)
     acks = _Acks()
-    with statelog.open(store_dir) as st:
-        n, elapsed = _statelog_checkpoints(st, keys, seconds, acks)
+    try:
+        with statelog.open(store_dir) as st:
+            time.sleep(2.0)  # as the shipping side waits for its first ship
+            n, elapsed = _statelog_checkpoints(st, keys, seconds, acks)
+    finally:
+        daemon.terminate()
+        daemon.wait(60)
     return _result("statelog-unshipped", keys, n, elapsed, acks, 0, 0, float("nan"), n)
 
 
@@ -161,11 +178,7 @@ def run_statelog(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[st
     env = {**os.environ, **s3.env()}
     store_dir = work / "statelog"
     _load_statelog(store_dir, keys)
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "compactor", "--remote", url, "--interval", "5",
-         "--max-ship-lag", "1s", "--min-tail-bytes", "4MiB", str(store_dir)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    daemon = _daemon(store_dir, env, url)
     acks = _Acks()
     client = RemoteClient.from_url(url, env=s3.env())
     loads = -(-keys // 100_000)

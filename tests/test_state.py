@@ -34,6 +34,48 @@ def test_delete_survives_a_generation_merge_and_a_later_swap(tmp_path: Path) -> 
     assert state.count("t") == len(range(2, MAX_GENERATIONS + 10))
 
 
+def test_merges_join_the_small_recent_generations_not_the_large_oldest() -> None:
+    """Above the limit, the adjacent pair with the fewest entries is merged: the oldest
+    generation, grown large while no snapshot landed, is not rewritten by every roll."""
+    state = LiveState()
+    state.begin_generation(1)
+    big = [f"k{i}" for i in range(1000)]
+    state.apply(1, {}, 0, [("t", big, [encode_value(0)] * len(big), [])])
+    for seg in range(2, 3 * MAX_GENERATIONS):
+        state.begin_generation(seg)
+        state.apply(seg, {}, 0, [("t", [f"s{seg}"], [encode_value(seg)], [])])
+    oldest = state.generations[0]
+    assert len(state.generations) <= MAX_GENERATIONS
+    assert (oldest.first_epoch, oldest.last_epoch, len(oldest.tables["t"])) == (1, 1, 1000)
+    assert state.count("t") == 1000 + 3 * MAX_GENERATIONS - 2
+
+
+def test_a_merge_of_two_sealed_generations_keeps_the_newer_entries_and_the_markers() -> None:
+    """The merged generation spans both epoch ranges and segments; the newer value of a key
+    wins and a delete marker stays (a base may later land inside the merged range)."""
+    state = LiveState()
+    v = encode_value
+    commits = {  # segment: [(keys put, values, keys deleted), one commit each]
+        1: [(["a", "b", "x", "y"], [v(1)] * 4, [])],
+        2: [(["a"], [v(2)], []), ([], [], ["b"])],
+        3: [(["a"], [v(3)], []), (["c"], [v(3)], [])],
+        4: [(["d"], [v(4)], [])],
+    }
+    epoch = 0
+    for seg, rows in commits.items():
+        state.begin_generation(seg, limit=3)
+        for keys, values, deletes in rows:
+            epoch += 1
+            state.apply(epoch, {}, 0, [("t", keys, values, deletes)])
+    # Sealed entries 4, 2, 2: segments 2 and 3 are the smallest adjacent pair.
+    first, merged, top = state.generations
+    assert (first.first_epoch, first.last_epoch, first.segment) == (1, 1, 1)
+    assert (merged.first_epoch, merged.last_epoch, merged.segment) == (2, 5, 3)
+    assert merged.tables["t"] == {"a": v(3), "b": None, "c": v(3)}
+    assert top.segment == 4
+    assert [state.get("t", k) for k in "abcdxy"] == [v(3), None, v(3), v(4), v(1), v(1)]
+
+
 def test_a_swap_hands_the_generations_it_folds_to_the_caller(tmp_path: Path) -> None:
     """The watcher frees folded entries after releasing the view lock: it must get
     exactly the generations the swap dropped, and the state must hold none of them."""
@@ -68,7 +110,7 @@ _ops = st.lists(
         st.tuples(st.just("put"), st.sampled_from(["t", "u"]), _keys, st.integers(0, 9)),
         st.tuples(st.just("del"), st.sampled_from(["t", "u"]), _keys, st.none()),
         st.tuples(st.just("roll"), st.none(), st.none(), st.none()),
-        st.tuples(st.just("swap"), st.none(), st.none(), st.none()),
+        st.tuples(st.just("swap"), st.none(), st.none(), st.integers(0, 6)),
         st.tuples(st.just("read"), st.sampled_from(["t", "u"]), _keys, st.none()),
     ),
     max_size=60,
@@ -79,13 +121,19 @@ def _order(keys: list[Key]) -> list[Key]:
     return sorted(keys, key=lambda k: (0, k) if isinstance(k, bytes) else (1, k))
 
 
-@settings(max_examples=150, deadline=None)
-@given(ops=_ops)
-def test_items_count_and_prefix_reads_match_a_model(ops: list[tuple[str, str, Key, int]]) -> None:
-    """Reads merge the newest generation, the cached sealed ones and the base like a dict."""
+@settings(max_examples=200, deadline=None)
+@given(ops=_ops, limit=st.integers(2, 6))
+def test_items_count_and_prefix_reads_match_a_model(
+    ops: list[tuple[str, str, Key, int]], limit: int
+) -> None:
+    """Reads merge the newest generation, the cached sealed ones and the base like a dict,
+    whichever adjacent generations a merge joined (``limit`` small: merges are frequent)
+    and at whichever segment's end a new base lands (inside a merged generation too)."""
     model: dict[str, dict[Key, int]] = {"t": {}, "u": {}}
+    history = [{t: dict(kv) for t, kv in model.items()}]  # the model after each epoch
+    ends = [0]  # epochs at which a segment ended: where a snapshot can land
     state = LiveState()
-    state.begin_generation(1)
+    state.begin_generation(1, limit)
     segment, epoch = 1, 0
     with tempfile.TemporaryDirectory() as tmp:
         for n, (op, table, key, value) in enumerate(ops):
@@ -97,26 +145,33 @@ def test_items_count_and_prefix_reads_match_a_model(ops: list[tuple[str, str, Ke
                 else:
                     state.apply(epoch, {}, 0, [(table, [], [], [key])])
                     model[table].pop(key, None)
+                history.append({t: dict(kv) for t, kv in model.items()})
             elif op == "roll":
                 segment += 1
-                state.begin_generation(segment)
+                state.begin_generation(segment, limit)
+                ends.append(epoch)
             elif op == "swap":
-                # A snapshot of everything so far becomes the base.
+                # A snapshot of the state at the end of a segment ``value`` segments back
+                # (never behind the base) lands; the active segment ends here.
+                ends.append(epoch)
+                later = [e for e in ends if e >= state.base_epoch]
+                at = later[max(0, len(later) - 1 - value)]
                 image = Path(tmp) / f"img{n}.mdb"
                 with ImageBuilder.create(Path(tmp) / f"work{n}.mdb") as b:
-                    for t, kv in model.items():
+                    for t, kv in history[at].items():
                         ks = _order(list(kv))
                         b.apply(t, ks, [encode_value(kv[k]) for k in ks], [])
                     b.finish(image)
-                state.swap_base(BaseLevel(image), epoch).close()
+                state.swap_base(BaseLevel(image), at).close()
                 segment += 1
-                state.begin_generation(segment)
+                state.begin_generation(segment, limit)
             else:
                 want = [k for k in _order(list(model[table])) if type(k) is type(key)
                         and k.startswith(key)]  # type: ignore[arg-type]  # fmt: skip
                 got = [k for k, _v in state.items(table, key)]
                 assert got == want
             for t, kv in model.items():
-                assert [k for k, _v in state.items(t)] == _order(list(kv))
+                assert list(state.items(t)) == [(k, encode_value(kv[k])) for k in _order(list(kv))]
+                assert [state.get(t, k) for k in kv] == [encode_value(v) for v in kv.values()]
                 assert state.count(t) == len(kv)
         state.base.close()

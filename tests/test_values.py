@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import statelog
 from compactor import compact
 from statelog.format.records import DECODE_ERRORS
-from statelog.format.values import decode_value, encode_value, encode_values
+from statelog.format.values import check_values, decode_value, encode_value, encode_values
 
 FORMAT = Path(__file__).resolve().parents[1] / "docs" / "format.md"
 
@@ -67,6 +67,9 @@ def _ext(code: int, payload: bytes) -> bytes:
 def test_a_bad_extension_is_refused_as_damage(data: bytes) -> None:
     with pytest.raises(DECODE_ERRORS):
         decode_value(data)
+    with pytest.raises(DECODE_ERRORS):  # the check of replay, which keeps no value
+        check_values([encode_value(1), data, encode_value(2)])
+    check_values([encode_value(1), encode_value({"a": [1.5, None]})])
 
 
 def test_the_timestamp_extension_of_older_stores_still_reads() -> None:

@@ -33,7 +33,7 @@ import msgspec
 
 from statelog.errors import StatelogError
 from statelog.format.limits import MAX_KEY_BYTES, key_problem, table_name_problem
-from statelog.format.values import decode_value, decode_values, encode_value
+from statelog.format.values import check_values, decode_value, decode_values, encode_value
 
 __all__ = [
     "DECODE_ERRORS",
@@ -190,12 +190,13 @@ def _values_problem(values: list[bytes], out: list[list[Any]] | None = None) -> 
     read would then trip over. The objects are dropped at once.
     """
     try:
-        kept = decode_values(values)
+        if out is None:
+            check_values(values)
+        else:
+            out.append(decode_values(values))
     except DECODE_ERRORS:
         pass  # found again one at a time below, to name the value
     else:
-        if out is not None:
-            out.append(kept)
         return None
     for i, v in enumerate(values):
         try:

@@ -29,6 +29,7 @@ Values written before the extensions existed decode as they did: an aware
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
@@ -42,6 +43,7 @@ __all__ = [
     "EXT_DATETIME",
     "EXT_DECIMAL",
     "VALUE_TYPES",
+    "check_values",
     "decode_value",
     "decode_values",
     "encode_value",
@@ -171,3 +173,19 @@ def decode_values(values: Iterable[bytes | memoryview]) -> list[Any]:
         (the kinds :data:`statelog.format.records.DECODE_ERRORS` catches).
     """
     return list(map(_decode, values))
+
+
+_drop = deque[Any](maxlen=0).extend  # consumes an iterator, keeping nothing
+
+
+def check_values(values: Iterable[bytes | memoryview]) -> None:
+    """Decode each of ``values`` and drop it at once: the check of every value of every
+    record that a replay, a fold or a restore makes, which keeps no value.
+
+    Dropping each object as soon as it is made reuses the same memory for the next,
+    where a list of them all would touch fresh memory for every value.
+
+    :raises msgspec.DecodeError: as :func:`decode_values`, for the first value that
+        fails; likewise its other exceptions.
+    """
+    _drop(map(_decode, values))
