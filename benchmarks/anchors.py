@@ -38,7 +38,7 @@ import statelog
 from statelog.remote import RemoteClient, restore
 from tests.s3server import S3Server
 
-__all__ = ["run_litestream", "run_statelog", "run_statelog_unshipped"]
+__all__ = ["run_litestream", "run_statelog", "run_statelog_unsampled", "run_statelog_unshipped"]
 
 VALUE = b"v" * 100
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,11 +172,22 @@ def run_statelog_unshipped(s3: S3Server, work: Path, keys: int, seconds: float) 
     return _result("statelog-unshipped", keys, n, elapsed, acks, 0, 0, float("nan"), n)
 
 
-def run_statelog(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[str, Any]:
+def run_statelog_unsampled(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[str, Any]:
+    """statelog's side shipping as :func:`run_statelog` does, with no lag sampler restoring
+    from the bucket beside it: shipping's own cost, against :func:`run_statelog_unshipped`."""
+    return run_statelog(s3, work, keys, seconds, sampled=False)
+
+
+def run_statelog(
+    s3: S3Server, work: Path, keys: int, seconds: float, *, sampled: bool = True
+) -> dict[str, Any]:
+    """statelog shipping to a new bucket, its lag sampled (unless not ``sampled``), then
+    restored; the result dict of :func:`_result` and the restore's tail and bytes."""
+    system = "statelog" if sampled else "statelog-unsampled"
     bucket = s3.new_bucket()
     url = f"s3://{bucket}/statelog"
     env = {**os.environ, **s3.env()}
-    store_dir = work / "statelog"
+    store_dir = work / system
     _load_statelog(store_dir, keys)
     daemon = _daemon(store_dir, env, url)
     acks = _Acks()
@@ -185,7 +196,8 @@ def run_statelog(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[st
     try:
         with statelog.open(store_dir) as st:
             time.sleep(2.0)  # the daemon's first ship
-            acks.sample(["statelog", url, str(loads)], env)
+            if sampled:
+                acks.sample(["statelog", url, str(loads)], env)
             n, elapsed = _statelog_checkpoints(st, keys, seconds, acks)
             time.sleep(3.0)
             acks.stop()
@@ -194,12 +206,12 @@ def run_statelog(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[st
         daemon.wait(60)
     size, objects = _bucket_usage(s3, bucket, "statelog")
     t = time.monotonic()
-    got = restore(url, work / "statelog-restored", client=client)
+    got = restore(url, work / f"{system}-restored", client=client)
     restore_s = time.monotonic() - t
-    with statelog.open(work / "statelog-restored", readonly=True) as ro:
+    with statelog.open(work / f"{system}-restored", readonly=True) as ro:
         assert ro.count() == keys and ro.offsets["ckpt"] == n, (ro.count(), ro.offsets)
         snapshot = ro.recovery.snapshot
-    done = _result("statelog", keys, n, elapsed, acks, size, objects, restore_s, got.epoch)
+    done = _result(system, keys, n, elapsed, acks, size, objects, restore_s, got.epoch)
     # What the restore replayed after its snapshot: its time follows this tail, which
     # depends on where the compactor's last pass fell.
     base = int(snapshot.name.split("-")[0], 16) if snapshot is not None else 0

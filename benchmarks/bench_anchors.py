@@ -21,7 +21,12 @@ import pytest
 from tests.s3server import S3Server
 
 from .anchor_slatedb import run_slatedb, slatedb_installed
-from .anchors import run_litestream, run_statelog, run_statelog_unshipped
+from .anchors import (
+    run_litestream,
+    run_statelog,
+    run_statelog_unsampled,
+    run_statelog_unshipped,
+)
 from .conftest import Sizes
 
 _SECONDS = {"tiny": 3.0, "quick": 20.0, "full": 60.0}
@@ -45,7 +50,8 @@ def _slatedb_local(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[
 
 
 _RUNS = {
-    "statelog": run_statelog, "statelog-unshipped": run_statelog_unshipped,
+    "statelog": run_statelog, "statelog-unsampled": run_statelog_unsampled,
+    "statelog-unshipped": run_statelog_unshipped,
     "litestream": run_litestream, "slatedb": run_slatedb, "slatedb-local": _slatedb_local,
 }  # fmt: skip
 

@@ -40,9 +40,9 @@ def test_every_suite_runs_once_at_tiny_sizes(tmp_path: Path) -> None:
     expected += 3  # point in time: views, and the retention window (local, s3)
     expected += 2 + 3  # stream processors: Quix throughput (with, without changelogs), recovery
     expected += 1 + 3  # and Faust's throughput, recovery
-    # The anchors: statelog, shipped and not; Litestream, and SlateDB on S3 and on its local
-    # store, when the `anchors` extra installed them.
-    expected += 2 + (shutil.which("litestream", path=str(Path(sys.executable).parent)) is not None)
+    # The anchors: statelog, shipped (with the lag sampler and without) and not; Litestream,
+    # and SlateDB on S3 and on its local store, when the `anchors` extra installed them.
+    expected += 3 + (shutil.which("litestream", path=str(Path(sys.executable).parent)) is not None)
     expected += 2 * slatedb_installed()
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
     cmd += ["benchmarks/", "--bench-size", "tiny", "--benchmark-disable", f"--basetemp={tmp_path}"]

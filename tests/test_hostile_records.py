@@ -315,14 +315,26 @@ def test_undecodable_stored_value_is_a_corruption_error_on_read(
 # -- a hostile record in a remote segment ---------------------------------------
 
 
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        {"key": b"\x91" * DEEP + b"\xc0"},
+        # A restore's own recovery check does not decode values again: the check of each
+        # segment it downloads must find this one.
+        {"value": b"\xc1"},
+        {"value": b"\x91" * DEEP + b"\xc0"},
+    ],
+    ids=["key-deep", "value-invalid", "value-deep"],
+)
 def test_hostile_record_in_a_remote_segment_restores_to_the_last_good_commit(
     tmp_path: Path,
     remote: Remote,  # noqa: F811
+    hostile: dict[str, bytes],
 ) -> None:
     from statelog.remote import restore, ship
 
     src = tmp_path / "src"
-    models = craft(src, raw_record(HOSTILE, key=b"\x91" * DEEP + b"\xc0"))
+    models = craft(src, raw_record(HOSTILE, **hostile))
     ship(src, remote.url, client=remote.client())
     shutil.rmtree(src)
     with pytest.raises(statelog.StatelogError):

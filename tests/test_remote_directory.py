@@ -3,6 +3,7 @@
 | case                                                  | what must hold                          |
 |-------------------------------------------------------|-----------------------------------------|
 | ship, then restore into an empty directory            | the same state, epoch for epoch         |
+| the restore's check of its copy                       | decodes no value a second time          |
 | a writer committing every 100 ms, daemon shipping,    | every commit acknowledged 2 s before    |
 | host lost                                             | the loss is restored, state exact       |
 | a takeover, then the old host ships again             | FencedError; nothing of it is written   |
@@ -57,6 +58,33 @@ def test_ship_and_restore_through_a_directory(tmp_path: Path) -> None:
     assert got.epoch == 260
     assert state_of(tmp_path / "dst") == state_of(src)
     assert isinstance(RemoteClient.from_url(url), DirectoryClient)
+
+
+def test_a_restore_decodes_each_shipped_value_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each downloaded segment is checked record by record, values decoded; the recovery
+    of the staging copy that follows checks the rest of each record, not the values again."""
+    from statelog.format import records
+
+    url, src = _url(tmp_path), tmp_path / "src"
+    commit_range(src, 0, 40)
+    ship(src, url)
+    decoded: list[int] = []
+    real = records.check_values
+
+    def counted(values: list[bytes]) -> None:
+        decoded.append(len(values))
+        real(values)
+
+    monkeypatch.setattr(records, "check_values", counted)
+    restore(url, tmp_path / "unchecked", check=False)
+    once = sum(decoded)
+    assert once > 0
+    decoded.clear()
+    got = restore(url, tmp_path / "dst")
+    assert (sum(decoded), got.epoch) == (once, 40)
+    assert state_of(tmp_path / "dst") == state_of(src)
 
 
 def test_host_loss_with_a_directory_replica(tmp_path: Path) -> None:

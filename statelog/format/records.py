@@ -116,7 +116,7 @@ def decode_record_values(
     return _decode(payload, values), values
 
 
-def decode_record(payload: bytes | memoryview) -> CommitRecord:
+def decode_record(payload: bytes | memoryview, *, values: bool = True) -> CommitRecord:
     """Decode a payload that already passed its frame checksum, and check it against the schema.
 
     Checks, in order: the shape and types msgspec decodes against (the
@@ -124,25 +124,32 @@ def decode_record(payload: bytes | memoryview) -> CommitRecord:
     0..2**63-1), then :func:`check_record`. The epoch's place in the log is
     the caller's to check.
 
+    :param values: decode each value too (the complete check). False only where
+        every value of this very record was decoded before: a restore checks
+        each segment it downloads, then recovers the copy it wrote.
     :raises RecordSchemaError: the bytes verified but are not a commit record
         (a bug, a foreign writer or a crafted file, never bit rot; callers
         treat it as corruption).
     """
-    return _decode(payload, None)
+    return _decode(payload, None, values=values)
 
 
-def _decode(payload: bytes | memoryview, values: list[list[Any]] | None) -> CommitRecord:
+def _decode(
+    payload: bytes | memoryview, out: list[list[Any]] | None, *, values: bool = True
+) -> CommitRecord:
     try:
         rec = _record_decoder.decode(payload)
     except DECODE_ERRORS as exc:
         raise RecordSchemaError(f"verified frame holds no commit record: {exc}") from None
-    why = check_record(rec, values)
+    why = check_record(rec, out, values=values)
     if why is not None:
         raise RecordSchemaError(f"verified frame breaks the commit record schema: {why}")
     return rec
 
 
-def check_record(rec: CommitRecord, values: list[list[Any]] | None = None) -> str | None:
+def check_record(
+    rec: CommitRecord, out: list[list[Any]] | None = None, *, values: bool = True
+) -> str | None:
     """Why a decoded ``rec`` breaks the schema beyond what msgspec checks, or None.
 
     Each table: a valid name (:func:`~statelog.format.limits.table_name_problem`),
@@ -151,7 +158,9 @@ def check_record(rec: CommitRecord, values: list[list[Any]] | None = None) -> st
     value one complete msgpack object, nested no deeper than a read can decode.
     Never raises.
 
-    :param values: if given, each table's decoded values are appended to it.
+    :param out: if given, each table's decoded values are appended to it.
+    :param values: False: every value was decoded before (see :func:`decode_record`);
+        each table's values are then only counted against its keys.
     """
     for i, t in enumerate(rec.tables):
         why = table_name_problem(t.name)
@@ -161,7 +170,7 @@ def check_record(rec: CommitRecord, values: list[list[Any]] | None = None) -> st
             why = (
                 _keys_problem(t.keys)
                 or _keys_problem(t.deletes)
-                or _values_problem(t.values, values)
+                or (_values_problem(t.values, out) if values else None)
             )
         if why is not None:
             return f"table delta {i}: {why}"

@@ -55,6 +55,7 @@ class Progress:
     saved: list[Path] = field(default_factory=list)
     lost: range = range(0)
     upto: int | None = None  # replay stops after this epoch (a view of the past)
+    values_checked: bool = False  # every value of the log was decoded before (a restore's)
 
 
 def aside_path(path: Path, suffix: str) -> Path:

@@ -185,6 +185,7 @@ def recover_store(
     strict: bool = False,
     upto: int | None = None,
     settle: bool | None = None,
+    values_checked: bool = False,
 ) -> tuple[RecoveryReport, LogEnd]:
     """Climb the ladder: snapshot (newest that verifies and links), then the log tail.
 
@@ -198,6 +199,8 @@ def recover_store(
         snapshots at or before it are tried, and the replay stops there
         (without ``repair`` only). The state may end before it (the log ends
         or is damaged first): the caller checks ``state.epoch``.
+    :param values_checked: every value in the log was decoded before (a restore's
+        staging copy): :func:`~statelog.recovery.replay.recover_log` does not decode them again.
 
     :raises ResnapshotRequired: no snapshot is usable and the log does not reach epoch 1.
     :raises CorruptionError: ``strict`` and the log tail is damaged.
@@ -220,8 +223,9 @@ def recover_store(
                 log.warning("event=unpinned_recovery reason=%r", exc)
         settles = repair if settle is None else settle
         report, end = _climb(
-            files, layout, store_id, state, image_dir, repair, strict, upto, settles
-        )
+            files, layout, store_id, state, image_dir, repair, strict, upto, settles,
+            values_checked,
+        )  # fmt: skip
     _announce(layout.root, report, writable=repair)
     return report, end
 
@@ -318,6 +322,7 @@ def _climb(
     strict: bool,
     upto: int | None = None,
     settle: bool = False,
+    values_checked: bool = False,
 ) -> tuple[RecoveryReport, LogEnd]:
     started = time.perf_counter()  # the report's seconds include the snapshot's extraction
     rejected: list[Rejection] = []
@@ -347,13 +352,15 @@ def _climb(
             strict=strict,
             after=(meta.lsn, meta.chain),
             upto=upto,
+            values_checked=values_checked,
         )
         remove_stale_images(files, image_dir, keep=_mapped(state))
         return _with(report, path, rejected, started), end
     try:
         report, end = recover_log(
-            files, layout.wal, store_id, state, repair=repair, strict=strict, upto=upto
-        )
+            files, layout.wal, store_id, state, repair=repair, strict=strict, upto=upto,
+            values_checked=values_checked,
+        )  # fmt: skip
     except ResnapshotRequired as exc:
         if not rejected:
             raise

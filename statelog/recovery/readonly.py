@@ -111,6 +111,7 @@ def recover_readonly(
     strict: bool = False,
     upto: int | None = None,
     image_dir: Path | None = None,
+    values_checked: bool = False,
 ) -> ReadOnlyRecovery:
     """Recover the store at ``root`` read-only (see the module docstring).
 
@@ -128,6 +129,8 @@ def recover_readonly(
         tail instead of recovering to the last good commit.
     :param upto: recover the state as of this epoch, not the newest (the state
         may end before it: see :func:`~statelog.recovery.timeline.recover_at`).
+    :param values_checked: every value of the log was decoded before (a restore's
+        check of each segment it wrote): the replay does not decode them again.
     :raises StoreNotFoundError: ``root`` holds no store.
     :raises NotAStoreError: ``root`` is a file.
     :raises CorruptionError: the identity is unreadable, or ``strict`` and
@@ -159,7 +162,7 @@ def recover_readonly(
     try:
         report, _ = recover_store(
             files, layout, store_id, state, image_dir=image_dir, repair=False, strict=strict,
-            upto=upto,
+            upto=upto, values_checked=values_checked,
         )  # fmt: skip
     except BaseException:
         state.base.close()

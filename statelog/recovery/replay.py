@@ -71,6 +71,7 @@ def recover_log(
     strict: bool = False,
     after: tuple[int, int] | None = None,
     upto: int | None = None,
+    values_checked: bool = False,
 ) -> tuple[RecoveryReport, LogEnd]:
     """Replay every verified commit in ``wal_dir`` into ``state``.
 
@@ -79,6 +80,9 @@ def recover_log(
         must link to ``chain``; an empty log is then fine.
     :param upto: replay no commit after this epoch (a view of the past; only
         without ``repair``): what follows it is neither read nor judged.
+    :param values_checked: every value of every record in ``wal_dir`` was decoded
+        before (a restore checked each segment it wrote): the records' schema is
+        checked without decoding their values again (``decode_record(values=False)``).
 
     :param repair: the caller holds the writer's lock and may cut torn tails
         and move damage aside; False (read-only) changes nothing on disk.
@@ -89,7 +93,7 @@ def recover_log(
     :raises StorageError: reading failed (I/O error); nothing was changed.
     """
     started = time.perf_counter()
-    prog = Progress(state)
+    prog = Progress(state, values_checked=values_checked)
     end = LogEnd()
     assert upto is None or not repair, "a view of the past never repairs the store"
     segments = _segments_to_replay(wal_dir, state, after, end)
@@ -246,7 +250,7 @@ def _check_and_apply(
     state = prog.state
     for rec in scan.records:
         try:
-            decoded = decode_record(rec.payload)
+            decoded = decode_record(rec.payload, values=not prog.values_checked)
         except RecordSchemaError as exc:
             return StopKind.CORRUPT, rec.offset, exc.message
         if decoded.epoch != state.epoch + 1:
