@@ -26,6 +26,7 @@ from statelog.storage import image_cache
 from statelog.storage.fileio import FileLayer
 from statelog.storage.image_cache import reusable_image
 from statelog.storage.image_stamp import STAMP_SUFFIX, stamp_of
+from statelog.storage.whole_checks import forget_all
 from tests.helpers import build_store, flip_bit, model_at, simple_commits, snapshot_of
 
 
@@ -43,7 +44,7 @@ def prepared(store: Path) -> tuple[list[dict[str, object]], Path]:
     with statelog.open(store) as s:  # checks both files whole, then settles the stamp
         assert s.recovery.snapshot == snap
     assert "settled" in stamp_body(image)
-    image_cache._checked.clear()  # a restart is a new process: nothing checked yet
+    forget_all()  # a restart is a new process: nothing checked yet
     return models, snap
 
 

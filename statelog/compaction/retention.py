@@ -47,6 +47,11 @@ plan (names only, assuming every snapshot verifies) finds something to
 delete: a pass that wrote no new snapshot usually deletes nothing. A
 snapshot counts only once it was parsed in full (its record stream
 checked, not only its hash), which each process does once per snapshot.
+After that a pass hashes it again only once this process's last whole read
+of it is an hour old or the file changed (:mod:`statelog.storage.whole_checks`:
+a re-read within the hour comes from the page cache and could not see the
+medium anyway), so a daemon's pass costs what changed, not the size of its
+full snapshot. ``statelog verify`` reads every snapshot whole each time.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ from statelog.storage.layout import BASE_DIR, SNAPSHOT_DIR, WAL_DIR
 from statelog.storage.pins import ALL, Note, log_notes, pinned_names, retention_guard
 from statelog.storage.snapshot_read import peek_meta
 from statelog.storage.snapshots import SnapshotMeta, list_snapshots, verify_snapshot
+from statelog.storage.whole_checks import note_intact, seen_intact
 
 __all__ = ["RetentionResult", "apply_retention", "mark_verified"]
 
@@ -95,12 +101,15 @@ def _footer(path: Path) -> bytes:
 def mark_verified(path: Path) -> None:
     """Note that the snapshot at ``path`` was parsed in full (its writer built it)."""
     with contextlib.suppress(OSError):
-        _parsed.add((str(path.resolve()), _footer(path)))
+        footer = _footer(path)
+        _parsed.add((str(path.resolve()), footer))
+        note_intact(path, ("sha256", footer.hex()))
 
 
 def _verified(files: FileLayer, path: Path, store_id: uuid.UUID) -> SnapshotMeta:
     """``verify_snapshot`` of ``path``: parsed in full the first time this process sees
-    it, hashed only after that.
+    it, hashed only after that, and not even hashed while this process's last whole
+    read of the unchanged file is recent (:mod:`statelog.storage.whole_checks`).
 
     An intact stamped image of the snapshot in ``STORE/base`` also counts as a parse:
     it was built from this very file by a verified extraction (or by the pass that
@@ -114,7 +123,12 @@ def _verified(files: FileLayer, path: Path, store_id: uuid.UUID) -> SnapshotMeta
     if key not in _parsed and reusable_image(path.parent.parent / BASE_DIR, path,
                                              store_id=store_id) is not None:  # fmt: skip
         _parsed.add(key)
-    meta = verify_snapshot(files, path, store_id=store_id, parse=key not in _parsed)
+    parse = key not in _parsed
+    whole = ("sha256", key[1].hex())
+    hashed = not parse and seen_intact(path, whole)
+    meta = verify_snapshot(files, path, store_id=store_id, parse=parse, body=not hashed)
+    if not hashed:
+        note_intact(path, whole)
     _parsed.add(key)
     return meta
 

@@ -48,6 +48,7 @@ import secrets
 import shutil
 import uuid
 from collections.abc import Collection, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,7 @@ from statelog.storage.image_stamp import (
     stamp_of,
 )
 from statelog.storage.snapshots import SnapshotMeta, extract_snapshot
+from statelog.storage.whole_checks import check_once
 
 __all__ = [
     "PUBLISHED_TAG",
@@ -83,29 +85,6 @@ log = logging.getLogger("statelog.storage.image_cache")
 PUBLISHED_TAG = "c"
 """First letter of the token of an image the compactor published (see :func:`publish_image`)."""
 _CHUNK = 8 << 20
-
-# Files this process has already checked whole (an image's CRC-32C, a
-# snapshot's SHA-256), by path, size, mtime and inode: a writer swapping in
-# each delta of a chain reopens the chain's full image every time, and
-# must not read gigabytes to recheck what it checked a minute ago. A file
-# changed since (new size, mtime or inode) is checked again.
-_checked: set[tuple[str, int, int, int, object]] = set()
-
-
-def _identity(path: Path, what: object) -> tuple[str, int, int, int, object]:
-    st = path.stat()
-    return (str(path), st.st_size, st.st_mtime_ns, st.st_ino, what)
-
-
-def _check_once(path: Path, what: object, check: Any) -> bool:
-    """``check()``, or True without calling it if ``path`` passed it unchanged before."""
-    key = _identity(path, what)
-    if key in _checked:
-        return True
-    ok = bool(check())
-    if ok:
-        _checked.add(key)
-    return ok
 
 
 def image_path(image_dir: Path, snapshot: Path, *, tag: str = "") -> Path:
@@ -248,8 +227,9 @@ def reusable_image(
         if settled:
             return image, meta
         try:
-            intact = image.stat().st_size == doc["image_bytes"] and _check_once(
-                image, doc["crc"], lambda image=image, doc=doc: image_crc(image) == doc["crc"]
+            crc = doc["crc"]
+            intact = image.stat().st_size == doc["image_bytes"] and check_once(
+                image, ("crc32c", crc), partial(_crc_is, image, crc)
             )
         except OSError:
             intact = False
@@ -314,7 +294,9 @@ def _candidates(
         image = stamp.with_name(stamp.name.removesuffix(STAMP_SUFFIX))
         settled = settled_matches(doc, image, snapshot)
         if not hashed and not settled:
-            if not _check_once(snapshot, footer, lambda: _hashes_to_footer(snapshot, size, footer)):
+            if not check_once(
+                snapshot, ("sha256", footer), lambda: _hashes_to_footer(snapshot, size, footer)
+            ):
                 return
             hashed = True
         yield image, doc, meta, settled
@@ -334,6 +316,10 @@ def _hashes_to_footer(snapshot: Path, size: int, footer: str) -> bool:
             h.update(view[:n])
             left -= n
     return h.hexdigest() == footer[:64]
+
+
+def _crc_is(image: Path, crc: int) -> bool:
+    return image_crc(image) == crc
 
 
 def image_crc(image: Path) -> int:

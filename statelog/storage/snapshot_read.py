@@ -140,6 +140,7 @@ def read_snapshot(
     *,
     out: IO[bytes] | Path | None = None,
     parse: bool = True,
+    body: bool = True,
     portable_only: bool = False,
     consume: ChunkConsumer | None = None,
 ) -> SnapshotMeta:
@@ -155,6 +156,9 @@ def read_snapshot(
     :param out: format 2: the path to build the image at (its parent must
         exist; on any failure nothing is left there); format 1: a file the
         image bytes are written to.
+    :param body: False (with ``parse`` False and no ``out`` or ``consume``): every
+        check but the body's and the hash's, the returned digest the footer's; for a
+        caller that read this very file whole before and decides that suffices.
     :param portable_only: refuse format 1 (a bucket's snapshot, say).
     :param consume: format 2, without ``out``: sees each checked chunk, in
         order (``statelog verify`` compares a base image with it). A format-1
@@ -180,13 +184,15 @@ def read_snapshot(
         fh.seek(HEADER_SIZE)
         raw_meta = fh.read(h.meta_len)
         doc = _check_meta(path, h, raw_meta)
-        body = _Section(fh, h.body_len, hashlib.sha256(head + raw_meta))
-        if h.version == IMAGE_VERSION:
+        section = _Section(fh, h.body_len, hashlib.sha256(head + raw_meta))
+        if not (body or parse or out is not None or consume is not None):
+            pass  # the caller's choice: see ``body``
+        elif h.version == IMAGE_VERSION:
             if isinstance(out, Path):
                 raise TypeError("a format-1 image is extracted to an open file")
             sink = CountingSink(out, doc.body_bytes)
-            _check_body(path, body, sink, digest, size, out is not None)
-            _check_frame_size(path, h, doc, body.head)
+            _check_body(path, section, sink, digest, size, out is not None)
+            _check_frame_size(path, h, doc, section.head)
             if out is not None and sink.written != doc.body_bytes:
                 at = HEADER_SIZE + h.meta_len
                 why = f"body: the frame yields {sink.written} bytes, it declares {doc.body_bytes}"
@@ -198,7 +204,9 @@ def read_snapshot(
                 build = StreamBuild(
                     out, tables=n, size_hint=doc.body_bytes, delta=doc.delta is not None
                 )
-            _read_stream(path, h, doc, body, digest, size, build, parse=parse or build is not None)
+            _read_stream(
+                path, h, doc, section, digest, size, build, parse=parse or build is not None
+            )
         else:
             raise TypeError("a format-2 image is built at a path")
     return SnapshotMeta(

@@ -250,6 +250,7 @@ def verify_snapshot(
     *,
     store_id: uuid.UUID | None,
     parse: bool = True,
+    body: bool = True,
     portable_only: bool = False,
 ) -> SnapshotMeta:
     """Check every byte of the snapshot at ``path``; return what it says.
@@ -269,6 +270,9 @@ def verify_snapshot(
     :param store_id: the store the snapshot must belong to (None: any).
     :param parse: False: the hash alone (for a store's own files, when
         only their integrity is in question).
+    :param body: False, with ``parse`` False: neither the body nor the hash is
+        read, every other check is made (for a caller that read this file whole
+        before, :mod:`statelog.storage.whole_checks`).
     :param portable_only: refuse a format-1 snapshot (whose body is a raw
         LMDB image): for snapshots from elsewhere, such as a bucket.
     :raises CorruptionError: ``reason`` starts with the part that failed:
@@ -278,7 +282,7 @@ def verify_snapshot(
         or format 1 with ``portable_only``.
     :raises OSError: reading failed (never reported as corruption).
     """
-    return read_snapshot(path, store_id, parse=parse, portable_only=portable_only)
+    return read_snapshot(path, store_id, parse=parse, body=body, portable_only=portable_only)
 
 
 def extract_snapshot(
