@@ -19,11 +19,12 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import statelog
-from statelog.errors import FencedError, RemoteError
+from statelog.errors import FencedError, RemoteError, ResnapshotRequired
 from statelog.remote import (
     ConditionFailedError,
     DirectoryClient,
@@ -36,6 +37,7 @@ from statelog.remote import (
     restore,
     ship,
 )
+from tests.helpers import flip_bit
 from tests.test_remote import commit_range, state_of
 from tests.test_remote_fencing import sid_of
 from tests.test_ship_lag import _acks, _process, _wait, _writer
@@ -84,6 +86,52 @@ def test_a_restore_decodes_each_shipped_value_once(
     decoded.clear()
     got = restore(url, tmp_path / "dst")
     assert (sum(decoded), got.epoch) == (once, 40)
+    assert state_of(tmp_path / "dst") == state_of(src)
+
+
+@pytest.mark.parametrize(
+    ("case", "parsed", "shipped"),
+    [
+        pytest.param("built-here", False, True, id="built-by-this-process"),
+        pytest.param("another-process", True, True, id="built-by-another-process"),
+        pytest.param("damaged-since", True, False, id="built-here-then-rewritten-damaged"),
+    ],
+)
+def test_shipping_parses_a_snapshot_only_if_this_process_did_not_build_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, parsed: bool, shipped: bool
+) -> None:
+    """The daemon ships the snapshot its own pass wrote: hashed, not parsed again (a
+    second of CPU at 1M keys). Any other, or one changed since, is parsed."""
+    from statelog.compaction.fold import compact
+    from statelog.storage.whole_checks import forget_all
+
+    url, src = _url(tmp_path), tmp_path / "src"
+    commit_range(src, 0, 60)
+    forget_all()
+    snap = compact(src, retain=5).snapshot
+    assert snap is not None
+    if case == "another-process":
+        forget_all()
+    if case == "damaged-since":
+        flip_bit(snap, snap.stat().st_size // 2)
+    calls: list[tuple[str, bool]] = []
+    ship_mod = sys.modules["statelog.remote.ship"]  # the package's `ship` is the function
+    real = ship_mod.verify_snapshot
+
+    def spied(files: object, path: Path, **kw: Any) -> Any:
+        calls.append((path.name, kw.get("parse", True)))
+        return real(files, path, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ship_mod, "verify_snapshot", spied)
+    ship(src, url)
+    forget_all()
+    assert calls == [(snap.name, parsed)]
+    if not shipped:  # the log it covers is gone locally: nothing restorable was shipped
+        with pytest.raises(ResnapshotRequired):
+            restore(url, tmp_path / "dst")
+        return
+    got = restore(url, tmp_path / "dst")
+    assert got.epoch == 60 and got.snapshot is not None and got.snapshot.endswith(snap.name)
     assert state_of(tmp_path / "dst") == state_of(src)
 
 

@@ -77,7 +77,7 @@ from statelog.storage.layout import BASE_DIR, SNAPSHOT_DIR, WAL_DIR
 from statelog.storage.pins import ALL, Note, log_notes, pinned_names, retention_guard
 from statelog.storage.snapshot_read import peek_meta
 from statelog.storage.snapshots import SnapshotMeta, list_snapshots, verify_snapshot
-from statelog.storage.whole_checks import note_intact, seen_intact
+from statelog.storage.whole_checks import PARSED, note_intact, seen_intact
 
 __all__ = ["RetentionResult", "apply_retention", "mark_verified"]
 
@@ -104,6 +104,7 @@ def mark_verified(path: Path) -> None:
         footer = _footer(path)
         _parsed.add((str(path.resolve()), footer))
         note_intact(path, ("sha256", footer.hex()))
+        note_intact(path, (PARSED, footer.hex()))  # shipping need not parse it either
 
 
 def _verified(files: FileLayer, path: Path, store_id: uuid.UUID) -> SnapshotMeta:
@@ -129,6 +130,8 @@ def _verified(files: FileLayer, path: Path, store_id: uuid.UUID) -> SnapshotMeta
     meta = verify_snapshot(files, path, store_id=store_id, parse=parse, body=not hashed)
     if not hashed:
         note_intact(path, whole)
+    if parse:
+        note_intact(path, (PARSED, whole[1]))
     _parsed.add(key)
     return meta
 

@@ -71,8 +71,10 @@ from statelog.remote.retention import RemoteRetentionResult, check_retention, re
 from statelog.remote.upload import Uploader
 from statelog.remote.url import StoreKeys
 from statelog.storage.fileio import FileLayer
+from statelog.storage.image_stamp import footer_hash
 from statelog.storage.layout import IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
 from statelog.storage.snapshots import list_snapshots, verify_snapshot
+from statelog.storage.whole_checks import PARSED, seen_intact
 
 __all__ = ["ShipResult", "header_generation", "ship"]
 
@@ -201,13 +203,22 @@ def _generation_of(path: Path) -> int:
 def _snapshots(
     store: Path, files: FileLayer, sid: uuid.UUID, gen: int, done: set[str]
 ) -> Iterator[tuple[Entry, bytes] | Path]:
-    """Snapshots not in ``done``, oldest first, verified; a damaged one as its path."""
+    """Snapshots not in ``done``, oldest first, verified; a damaged one as its path.
+
+    Each is hashed; it is also parsed in full unless this process built it or
+    parsed it within the hour and the file is unchanged since
+    (:func:`~statelog.storage.whole_checks.seen_intact` of :data:`PARSED`): the
+    daemon ships the snapshot its own pass just wrote, and a parse at 1M keys
+    costs most of a second of CPU on the writer's host. A restore parses every
+    shipped snapshot regardless: the bucket is not trusted.
+    """
     for _epoch, _lsn, path in reversed(list_snapshots(store / SNAPSHOT_DIR)):
         rel = f"{SNAPSHOT_DIR}/{path.name}"
         if rel in done:
             continue
         try:
-            meta = verify_snapshot(files, path, store_id=sid)
+            built = seen_intact(path, (PARSED, footer_hash(path)))
+            meta = verify_snapshot(files, path, store_id=sid, parse=not built)
         except (CorruptionError, FormatVersionError) as exc:
             log.error("event=ship_skipped_damaged file=%s reason=%r", rel, str(exc))
             yield path

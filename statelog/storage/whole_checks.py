@@ -26,10 +26,15 @@ from collections.abc import Callable, Hashable
 from datetime import timedelta
 from pathlib import Path
 
-__all__ = ["RECHECK_AFTER", "check_once", "forget_all", "note_intact", "seen_intact"]
+__all__ = ["PARSED", "RECHECK_AFTER", "check_once", "forget_all", "note_intact", "seen_intact"]
 
 RECHECK_AFTER = timedelta(hours=1)
 """How long a whole check of an unchanged file is trusted by the process that made it."""
+
+PARSED = "parsed"
+"""The tag of a snapshot's parse-in-full verdict, ``(PARSED, footer hex)``: its record
+stream checked, not only its hash (``("sha256", footer hex)``). A snapshot a process
+wrote itself, from an image it verified, counts as parsed by that process."""
 
 _Key = tuple[int, int, int, int, Hashable]
 _verdicts: dict[_Key, float] = {}  # identity -> monotonic time of the check
