@@ -18,7 +18,7 @@ from pathlib import Path
 from statistics import median
 
 from .conftest import LARGE, size_id
-from .plots import plots
+from .plots import anchors_plot, plots
 from .probe import percentile
 from .render_anchors import anchors_section
 from .render_build import build_section
@@ -413,7 +413,8 @@ def render(doc: Doc, out_dir: Path, kept: str = "") -> str:
     }
     series["bytes"] = [(n, k, s["bytes"]) for (k, n), c in cells.items() if (s := _at(c))]
     series["recovery"] = [(n, k, c["recovery"]["seconds"]) for (k, n), c in cells.items()]
-    out += ["## Plots", "\n".join(plots(series, out_dir)), *machine_section(run)]
+    drawn = [*plots(series, out_dir), *anchors_plot(_suite(doc, "anchor_replication"), out_dir)]
+    out += ["## Plots", "\n".join(drawn), *machine_section(run)]
     out += [
         "## Reproduce",
         "```\nmake bench-quick   # make bench: the full sizes\n"

@@ -100,10 +100,17 @@ def _notes(runs: dict[str, Doc]) -> list[str]:
             "rate without one: the *statelog* column pays for the lag it reports."
         )
     if on is not None and on.get("restore_tail_commits") is not None:
+        also = ""
+        if quiet is not None and quiet.get("restore_tail_commits") is not None:
+            also = (
+                f" (*statelog, no sampler*: {quiet['restore_tail_commits']:,} checkpoints, "
+                f"{quiet['restore_seconds']:.2f} s)"
+            )
         out.append(
             f"statelog's restore replayed {on['restore_tail_commits']:,} checkpoints of log "
-            "after the snapshot it started from: its time follows that tail, which depends "
-            "on where the compactor's last pass (`--interval 5`) fell before the restore."
+            f"after the snapshot it started from{also}: its time follows that tail, which "
+            "depends on where the compactor's last pass (`--interval 5`) fell before the "
+            "restore, and on how far the passes fell behind a faster writer."
         )
     elif on is not None:
         out.append(

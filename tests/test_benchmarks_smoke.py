@@ -293,3 +293,25 @@ def test_renderer_judges_targets_at_1m_and_the_restart_at_the_largest_size(
         r"^\| (restart at [^|]*) \|.*\| \*\*(\w+)\*\*", render(doc, tmp_path), re.M
     )
     assert verdicts == [("restart at 10M keys vs at 1M keys", "met")]
+
+
+def _anchor(system: str, per_s: float, lag_p99: float, restore_s: float) -> dict[str, Any]:
+    info = {"suite": "anchor_replication", "system": system, "keys": 1_000_000}
+    info |= {"updates_per_s": per_s, "checkpoints": 100, "lag_samples": 10, "lag_p50": lag_p99}
+    info |= {"lag_p99": lag_p99, "lag_max": lag_p99, "bucket_bytes": 1 << 20}
+    info |= {"bucket_objects": 5, "objects_per_hour": 60.0, "restore_seconds": restore_s}
+    return _bench(info)
+
+
+def test_the_anchors_get_a_table_the_winners_and_a_plot(tmp_path: Path) -> None:
+    doc = _results()
+    doc["benchmarks"] += [
+        _anchor("statelog", 600_000.0, 1.2, 0.7),
+        _anchor("litestream", 60_000.0, 9.0, float("nan")),  # a restore that was not timed
+        _anchor("slatedb", 20_000.0, 0.0, 150.0),
+    ]
+    text = render(doc, tmp_path)
+    assert "- durable updates/s: statelog wins with 600.0 k/s" in text
+    assert "- lag p99 s: SlateDB wins with 0.00" in text
+    assert "![bench-anchors.png](bench-anchors.png)" in text
+    assert (tmp_path / "bench-anchors.png").read_bytes().startswith(b"\x89PNG")
