@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -37,7 +38,7 @@ from statelog.remote import (
     restore,
     ship,
 )
-from tests.helpers import flip_bit
+from tests.helpers import flip_bit, truncate
 from tests.test_remote import commit_range, state_of
 from tests.test_remote_fencing import sid_of
 from tests.test_ship_lag import _acks, _process, _wait, _writer
@@ -95,6 +96,7 @@ def test_a_restore_decodes_each_shipped_value_once(
         pytest.param("built-here", False, True, id="built-by-this-process"),
         pytest.param("another-process", True, True, id="built-by-another-process"),
         pytest.param("damaged-since", True, False, id="built-here-then-rewritten-damaged"),
+        pytest.param("truncated", True, False, id="built-here-then-cut-shorter-than-a-footer"),
     ],
 )
 def test_shipping_parses_a_snapshot_only_if_this_process_did_not_build_it(
@@ -114,6 +116,9 @@ def test_shipping_parses_a_snapshot_only_if_this_process_did_not_build_it(
         forget_all()
     if case == "damaged-since":
         flip_bit(snap, snap.stat().st_size // 2)
+        os.utime(snap, ns=(0, snap.stat().st_mtime_ns + 10**9))  # coarse clocks: a new mtime
+    if case == "truncated":
+        truncate(snap, 10)
     calls: list[tuple[str, bool]] = []
     ship_mod = sys.modules["statelog.remote.ship"]  # the package's `ship` is the function
     real = ship_mod.verify_snapshot

@@ -231,6 +231,9 @@ def test_without_the_body_every_check_but_the_bodys_and_the_hash_still_runs(
     flip_bit(snap, 0)
     with pytest.raises(CorruptionError):  # another store's snapshot
         verify_snapshot(FILES, snap, store_id=uuid.uuid4(), parse=False, body=False)
+    for misuse in ({"parse": True}, {"parse": False, "portable_only": True}):
+        with pytest.raises(ValueError, match="body=False"):
+            verify_snapshot(FILES, snap, store_id=STORE, body=False, **misuse)
 
 
 @pytest.mark.parametrize("version", [2, 1])

@@ -7,12 +7,14 @@ to the file, or the hour passing, makes it read the file whole again.
 | the same bytes written to a new file (new inode) | yes                               |
 | appended to (new size)                           | yes                               |
 | rewritten in place (new mtime)                   | yes                               |
+| metadata changed (new ctime: chmod, a link)      | yes                               |
 | unchanged, but :data:`RECHECK_AFTER` has passed  | yes                               |
 | checked against another checksum                 | yes                               |
 
 Retention is where it matters: a compactor daemon's pass must not hash a full
-snapshot of hundreds of MB that it hashed a pass ago, and must still find one
-damaged since, before it deletes an older restore point on its strength.
+snapshot of hundreds of MB that it hashed a pass ago, must still find one
+damaged since, and reads the full snapshots it keeps whole again before it
+deletes an older full snapshot on their strength.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ def _fresh() -> Any:
 
 
 def _later(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    now = whole_checks.time.monotonic()
-    monkeypatch.setattr(whole_checks.time, "monotonic", lambda: now + seconds)
+    clock = whole_checks._now
+    monkeypatch.setattr(whole_checks, "_now", lambda: clock() + seconds)
 
 
 def _new_inode(p: Path, _: pytest.MonkeyPatch) -> None:
@@ -66,6 +68,10 @@ def _new_mtime(p: Path, _: pytest.MonkeyPatch) -> None:
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
 
 
+def _new_ctime(p: Path, _: pytest.MonkeyPatch) -> None:
+    os.chmod(p, p.stat().st_mode ^ 0o040)
+
+
 def _an_hour_later(_: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _later(monkeypatch, RECHECK_AFTER.total_seconds() + 1)
 
@@ -81,6 +87,7 @@ def _nothing(_: Path, __: pytest.MonkeyPatch) -> None:
         pytest.param(_new_inode, "sum", True, id="same-bytes-new-inode"),
         pytest.param(_append, "sum", True, id="appended"),
         pytest.param(_new_mtime, "sum", True, id="new-mtime"),
+        pytest.param(_new_ctime, "sum", True, id="new-ctime"),
         pytest.param(_an_hour_later, "sum", True, id="an-hour-later"),
         pytest.param(_nothing, "another-sum", True, id="another-checksum"),
     ],
@@ -166,10 +173,8 @@ def test_retention_hashes_a_full_snapshot_once_across_many_passes(
     [
         pytest.param(_an_hour_later, True, id="an-hour-later"),
         pytest.param(_new_mtime, True, id="rewritten-in-place"),
-        # The limit, by design: within the hour an unchanged inode, size and mtime is
-        # trusted, as a re-read would come from the page cache; `statelog verify` and
-        # every recovery that extracts the snapshot read it whole regardless.
-        pytest.param(_nothing, False, id="within-the-hour-mtime-kept"),
+        # The write that flipped the bit set a new ctime, which utime cannot set back.
+        pytest.param(_nothing, True, id="within-the-hour-mtime-set-back"),
     ],
 )
 def test_a_full_snapshot_damaged_since_its_last_check_stops_retention(
@@ -190,3 +195,21 @@ def test_a_full_snapshot_damaged_since_its_last_check_stops_retention(
     if found:  # kept as evidence, and nothing that leaned on it deleted
         assert full.exists()
         assert before <= {p.name for p in (root / "snapshots").iterdir()}
+
+
+def test_before_a_full_snapshot_goes_the_full_snapshots_kept_are_hashed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within the hour a kept full snapshot is not read; but when a pass would delete
+    an older full snapshot, the newer ones every kept restore point rests on are."""
+    root, model = tmp_path / "store", Model()
+    old_full = _chain(root, model, range(3))  # a full snapshot and a delta on it
+    reads = _count_reads(monkeypatch)
+    commit_round(root, model, 3)
+    new_full = passed(root, max_chain=0, retain=1).snapshot  # written here, noted as read
+    assert new_full is not None and not old_full.exists()
+    assert reads[new_full.name] == 1, reads  # read again before the old full one went
+    for r in (4, 5):  # deltas on it: only deltas and segments go, it is not read
+        commit_round(root, model, r)
+        assert passed(root, **DELTAS).deleted
+    assert reads[new_full.name] == 1, reads

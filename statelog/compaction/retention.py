@@ -44,19 +44,17 @@ reader's :func:`~statelog.storage.pins.pin` waits for it.
 
 Verifying costs a read of every snapshot, so it runs only when the cheap
 plan (names only, assuming every snapshot verifies) finds something to
-delete: a pass that wrote no new snapshot usually deletes nothing. A
-snapshot counts only once it was parsed in full (its record stream
-checked, not only its hash), which each process does once per snapshot.
-After that a pass hashes it again only once this process's last whole read
-of it is an hour old or the file changed (:mod:`statelog.storage.whole_checks`:
-a re-read within the hour comes from the page cache and could not see the
-medium anyway), so a daemon's pass costs what changed, not the size of its
-full snapshot. ``statelog verify`` reads every snapshot whole each time.
+delete: a pass that wrote no new snapshot usually deletes nothing. How much
+of each snapshot is read depends on what this process read before
+(:mod:`statelog.compaction.verdicts`): parsed in full once, then hashed,
+and within the hour of a hash of the unchanged file not read at all; but
+before a full snapshot is deleted, the full snapshots left, on which every
+restore point kept rests, are hashed again. ``statelog verify`` reads every
+snapshot whole each time.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -65,75 +63,19 @@ from pathlib import Path
 
 from statelog.compaction.logfmt import LOGGER, kv
 from statelog.compaction.tail import SegmentInfo, find_link, list_segment_infos, peek_seal
+from statelog.compaction.verdicts import mark_verified, verified
 from statelog.compaction.window import check_window, cutoff_ms, meta_time, peek_time, window_count
 from statelog.errors import CorruptionError, FormatVersionError, InvalidOptionError
 from statelog.events import emit
-from statelog.format.snapshot import (
-    FOOTER_SIZE,
-)
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image_cache import reusable_image
-from statelog.storage.layout import BASE_DIR, SNAPSHOT_DIR, WAL_DIR
+from statelog.storage.layout import SNAPSHOT_DIR, WAL_DIR
 from statelog.storage.pins import ALL, Note, log_notes, pinned_names, retention_guard
 from statelog.storage.snapshot_read import peek_meta
-from statelog.storage.snapshots import SnapshotMeta, list_snapshots, verify_snapshot
-from statelog.storage.whole_checks import PARSED, note_intact, seen_intact
+from statelog.storage.snapshots import SnapshotMeta, list_snapshots
 
 __all__ = ["RetentionResult", "apply_retention", "mark_verified"]
 
 log = logging.getLogger(LOGGER)
-
-# Snapshots this process has parsed in full, by path and footer: a daemon
-# parses each snapshot once (the pass that wrote one marks it), then only
-# hashes it on later passes. A snapshot is counted only once parsed: a
-# hash says the file is what was written, not that what was written is a
-# state, and retention deletes older snapshots on the strength of the ones
-# it counts.
-_parsed: set[tuple[str, bytes]] = set()
-
-
-def _footer(path: Path) -> bytes:
-    with open(path, "rb") as fh:
-        fh.seek(-FOOTER_SIZE, 2)
-        return fh.read(FOOTER_SIZE)
-
-
-def mark_verified(path: Path) -> None:
-    """Note that the snapshot at ``path`` was parsed in full (its writer built it)."""
-    with contextlib.suppress(OSError):
-        footer = _footer(path)
-        _parsed.add((str(path.resolve()), footer))
-        note_intact(path, ("sha256", footer.hex()))
-        note_intact(path, (PARSED, footer.hex()))  # shipping need not parse it either
-
-
-def _verified(files: FileLayer, path: Path, store_id: uuid.UUID) -> SnapshotMeta:
-    """``verify_snapshot`` of ``path``: parsed in full the first time this process sees
-    it, hashed only after that, and not even hashed while this process's last whole
-    read of the unchanged file is recent (:mod:`statelog.storage.whole_checks`).
-
-    An intact stamped image of the snapshot in ``STORE/base`` also counts as a parse:
-    it was built from this very file by a verified extraction (or by the pass that
-    wrote it), and :func:`~statelog.storage.image_cache.reusable_image` hashes the
-    file against its footer before it says so. So a compactor process that starts
-    on a large store does not parse its full snapshot again.
-
-    :raises CorruptionError: as :func:`~statelog.storage.snapshots.verify_snapshot`.
-    """
-    key = (str(path.resolve()), _footer(path))
-    if key not in _parsed and reusable_image(path.parent.parent / BASE_DIR, path,
-                                             store_id=store_id) is not None:  # fmt: skip
-        _parsed.add(key)
-    parse = key not in _parsed
-    whole = ("sha256", key[1].hex())
-    hashed = not parse and seen_intact(path, whole)
-    meta = verify_snapshot(files, path, store_id=store_id, parse=parse, body=not hashed)
-    if not hashed:
-        note_intact(path, whole)
-    if parse:
-        note_intact(path, (PARSED, whole[1]))
-    _parsed.add(key)
-    return meta
 
 
 @dataclass(frozen=True)
@@ -178,17 +120,18 @@ def apply_retention(
     anchored = need == 0 or _before(peek_time(snaps[need - 1][2]), cutoff)
     if not snaps or not _may_delete(snaps, segs, max(retain, need), anchored):
         return RetentionResult()
-    good: list[tuple[Path, SnapshotMeta]] = []
     damaged: list[Path] = []
-    for _, _, path in snaps:
-        try:
-            good.append((path, _verified(files, path, store_id)))
-        except CorruptionError as exc:
-            _say(logging.ERROR, "snapshot_damaged", store, file=_rel(path), reason=exc.reason)
-            damaged.append(path)
-        except (FormatVersionError, OSError) as exc:
-            _say(logging.WARNING, "snapshot_unreadable", store, file=_rel(path), reason=str(exc))
+    good = _verify_each(store, files, [p for _, _, p in snaps], store_id, damaged)
     kept, old = _restore_points(good, retain, cutoff)
+    if kept and any(m.delta is None for _, m in old):
+        # A full snapshot would go: every restore point kept rests on the full
+        # snapshots left, so they are read whole now, whatever was noted before.
+        fulls = [p for p, m in good if m.delta is None and m.lsn >= kept[-1][1].lsn]
+        fresh = _verify_each(store, files, fulls, store_id, damaged, fresh=True)
+        if len(fresh) < len(fulls):
+            gone = set(fulls) - {p for p, _ in fresh}
+            good = [(p, m) for p, m in good if p not in gone]
+            kept, old = _restore_points(good, retain, cutoff)
     # A window no restore point reaches back to also needs the log before the oldest.
     anchored = cutoff is None or (bool(kept) and _before(meta_time(kept[-1][1]), cutoff))
     doomed_segs = _covered(store, segs, kept[-1][1], store_id) if kept and anchored else []
@@ -215,6 +158,29 @@ def apply_retention(
     return RetentionResult(
         tuple(p for p, _ in kept), tuple(done.deleted), tuple(damaged), tuple(done.deferred)
     )
+
+
+def _verify_each(
+    store: Path,
+    files: FileLayer,
+    paths: list[Path],
+    store_id: uuid.UUID,
+    damaged: list[Path],
+    *,
+    fresh: bool = False,
+) -> list[tuple[Path, SnapshotMeta]]:
+    """The snapshots of ``paths`` that verify, with their metas (``verified``); each
+    damaged one logged and added to ``damaged``, each unreadable one logged."""
+    good: list[tuple[Path, SnapshotMeta]] = []
+    for path in paths:
+        try:
+            good.append((path, verified(files, path, store_id, fresh=fresh)))
+        except CorruptionError as exc:
+            _say(logging.ERROR, "snapshot_damaged", store, file=_rel(path), reason=exc.reason)
+            damaged.append(path)
+        except (FormatVersionError, OSError) as exc:
+            _say(logging.WARNING, "snapshot_unreadable", store, file=_rel(path), reason=str(exc))
+    return good
 
 
 @dataclass

@@ -43,7 +43,6 @@ from statelog.compaction.base import (
 from statelog.compaction.delta import Changes, delta_meta, plan_delta
 from statelog.compaction.merge import merge_levels
 from statelog.compaction.replay import Folding
-from statelog.compaction.retention import mark_verified
 from statelog.compaction.tail import (
     SegmentInfo,
     Tail,
@@ -52,6 +51,7 @@ from statelog.compaction.tail import (
     peek_seal,
     sealed_tail,
 )
+from statelog.compaction.verdicts import mark_verified
 from statelog.errors import CorruptionError, FormatVersionError
 from statelog.format.snapshot import IMAGE_VERSION, SnapshotHeader
 from statelog.storage.builder import ImageBuilder

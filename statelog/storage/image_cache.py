@@ -66,7 +66,7 @@ from statelog.storage.image_stamp import (
     stamp_of,
 )
 from statelog.storage.snapshots import SnapshotMeta, extract_snapshot
-from statelog.storage.whole_checks import check_once
+from statelog.storage.whole_checks import HASHED, check_once
 
 __all__ = [
     "PUBLISHED_TAG",
@@ -295,7 +295,7 @@ def _candidates(
         settled = settled_matches(doc, image, snapshot)
         if not hashed and not settled:
             if not check_once(
-                snapshot, ("sha256", footer), lambda: _hashes_to_footer(snapshot, size, footer)
+                snapshot, (HASHED, footer), lambda: _hashes_to_footer(snapshot, size, footer)
             ):
                 return
             hashed = True

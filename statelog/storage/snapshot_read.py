@@ -153,12 +153,11 @@ def read_snapshot(
     unless ``parse`` is False and no ``out`` is given: then only hashed)
     and the SHA-256 of everything before the footer.
 
-    :param out: format 2: the path to build the image at (its parent must
-        exist; on any failure nothing is left there); format 1: a file the
-        image bytes are written to.
-    :param body: False (with ``parse`` False and no ``out`` or ``consume``): every
-        check but the body's and the hash's, the returned digest the footer's; for a
-        caller that read this very file whole before and decides that suffices.
+    :param out: format 2: the path to build the image at (its parent must exist; on
+        any failure nothing is left there); format 1: a file the image is written to.
+    :param body: False: all but the body and hash checked, the digest returned the
+        footer's (a caller that read this file whole before; only with ``parse`` False,
+        no ``out``, ``consume`` or ``portable_only``: else ValueError).
     :param portable_only: refuse format 1 (a bucket's snapshot, say).
     :param consume: format 2, without ``out``: sees each checked chunk, in
         order (``statelog verify`` compares a base image with it). A format-1
@@ -168,6 +167,8 @@ def read_snapshot(
         format 1 with ``portable_only``.
     :raises OSError: reading or writing failed (never reported as corruption).
     """
+    if not body and (parse or out is not None or consume is not None or portable_only):
+        raise ValueError("body=False is only for a hash-only check of a store's own file")
     named = parse_snapshot_name(path)
     if named is None:
         raise _fail(path, 0, "name: not <epoch:016x>-<lsn:016x>.snap, so unchecked against it")
@@ -185,8 +186,8 @@ def read_snapshot(
         raw_meta = fh.read(h.meta_len)
         doc = _check_meta(path, h, raw_meta)
         section = _Section(fh, h.body_len, hashlib.sha256(head + raw_meta))
-        if not (body or parse or out is not None or consume is not None):
-            pass  # the caller's choice: see ``body``
+        if not body:  # the caller read this file whole before
+            pass
         elif h.version == IMAGE_VERSION:
             if isinstance(out, Path):
                 raise TypeError("a format-1 image is extracted to an open file")

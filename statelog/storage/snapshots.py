@@ -253,7 +253,8 @@ def verify_snapshot(
     body: bool = True,
     portable_only: bool = False,
 ) -> SnapshotMeta:
-    """Check every byte of the snapshot at ``path``; return what it says.
+    """Check every byte of the snapshot at ``path`` (all but its body with ``body``
+    False); return what it says.
 
     Reads only (:func:`~statelog.storage.snapshot_read.open_read`: reading is
     not a durable step). Checks, in order: magic, version, header fields,
@@ -271,8 +272,10 @@ def verify_snapshot(
     :param parse: False: the hash alone (for a store's own files, when
         only their integrity is in question).
     :param body: False, with ``parse`` False: neither the body nor the hash is
-        read, every other check is made (for a caller that read this file whole
-        before, :mod:`statelog.storage.whole_checks`).
+        read, every other check is made, and the ``sha256`` returned is only what
+        the footer claims (for a caller that read this file whole before,
+        :mod:`statelog.storage.whole_checks`).
+    :raises ValueError: ``body`` False with ``parse`` or ``portable_only``.
     :param portable_only: refuse a format-1 snapshot (whose body is a raw
         LMDB image): for snapshots from elsewhere, such as a bucket.
     :raises CorruptionError: ``reason`` starts with the part that failed:

@@ -2,57 +2,85 @@
 
 A store's snapshots and base images are never rewritten in place: a new
 state is a new file. A process that has checked one whole (a snapshot's
-SHA-256 against its footer, an image's CRC-32C against its stamp) and
-finds the same file again (device, inode, size and mtime unchanged, and
-the same expected checksum) learns nothing new by reading it again soon:
-the second read is served from the page cache, not from the medium, so it
-could not see bit rot underneath anyway. Without this, a compactor
-daemon's retention would hash a 10M-key full snapshot (hundreds of MB) on
-every pass, and a writer swapping in each delta of a chain would re-check
-the chain's full image every time.
+SHA-256 against its footer, its record stream parsed, an image's CRC-32C
+against its stamp) and finds the same file again learns little by reading
+it again within the hour, and a compactor daemon that did would pay the
+state's size on every pass: retention would hash a 10M-key full snapshot
+(hundreds of MB) every few seconds, and a writer swapping in each delta of
+a chain would re-check the chain's full image every time.
 
-A verdict lasts :data:`RECHECK_AFTER`; after that the next use reads the
-file whole again. A file written since (new inode, size or mtime) is
-checked again at once. ``statelog verify`` and every recovery that
-extracts a snapshot read it whole regardless: this registry only spares
-repeated checks of the same unchanged file by one process.
+The same file means the same device, inode, size, mtime and ctime (ctime
+cannot be set back by ``utime``, and a new file on a recycled inode gets
+a new one) and the same expected checksum. A verdict lasts
+:data:`RECHECK_AFTER`, counted on a clock that keeps running while the
+host sleeps; after that the next use reads the file whole again. What
+this leaves unseen is damage that changes no metadata (bit rot under an
+unchanged inode) for up to the hour: retention reads the full snapshots it
+keeps again before it deletes an older full snapshot, and ``statelog
+verify`` and every recovery that extracts a snapshot read it whole
+regardless.
+
+Threads share the record (the daemon ships beside its passes): one lock.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Hashable
 from datetime import timedelta
 from pathlib import Path
 
-__all__ = ["PARSED", "RECHECK_AFTER", "check_once", "forget_all", "note_intact", "seen_intact"]
+__all__ = [
+    "HASHED",
+    "PARSED",
+    "RECHECK_AFTER",
+    "check_once",
+    "forget_all",
+    "note_intact",
+    "seen_intact",
+]
 
 RECHECK_AFTER = timedelta(hours=1)
 """How long a whole check of an unchanged file is trusted by the process that made it."""
 
-PARSED = "parsed"
-"""The tag of a snapshot's parse-in-full verdict, ``(PARSED, footer hex)``: its record
-stream checked, not only its hash (``("sha256", footer hex)``). A snapshot a process
-wrote itself, from an image it verified, counts as parsed by that process."""
+HASHED = "sha256"
+"""The tag of a snapshot's hash verdict, ``(HASHED, footer hex)``: the SHA-256 of its
+bytes equals its footer's."""
 
-_Key = tuple[int, int, int, int, Hashable]
-_verdicts: dict[_Key, float] = {}  # identity -> monotonic time of the check
+PARSED = "parsed"
+"""The tag of a snapshot's parse verdict, ``(PARSED, footer hex)``: its record stream
+checked in full, not only its hash. A snapshot a process wrote itself, from an image it
+verified, counts as parsed by that process."""
+
+_Key = tuple[int, int, int, int, int, Hashable]
+_verdicts: dict[_Key, float] = {}  # identity -> clock reading at the check
+_lock = threading.Lock()
+_pruned_at = [64]  # prune expired verdicts once the record doubles from its last size
+
+
+def _now() -> float:
+    """Seconds on a clock that does not stop while the host is suspended."""
+    return time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))
 
 
 def _identity(path: Path, what: Hashable) -> _Key:
     st = os.stat(path)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, what)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, what)
 
 
 def seen_intact(path: Path, what: Hashable) -> bool:
-    """Whether this process found ``path`` intact against ``what`` (the checksum it
-    must have), with the file unchanged since and less than :data:`RECHECK_AFTER` ago.
+    """Whether this process found ``path`` intact against ``what`` (a tag and the
+    checksum it must have), the file unchanged since and less than
+    :data:`RECHECK_AFTER` ago.
 
     :raises OSError: ``path`` cannot be stat'ed.
     """
-    at = _verdicts.get(_identity(path, what))
-    return at is not None and time.monotonic() - at < RECHECK_AFTER.total_seconds()
+    key = _identity(path, what)
+    with _lock:
+        at = _verdicts.get(key)
+    return at is not None and _now() - at < RECHECK_AFTER.total_seconds()
 
 
 def note_intact(path: Path, what: Hashable) -> None:
@@ -63,7 +91,14 @@ def note_intact(path: Path, what: Hashable) -> None:
 
     :raises OSError: ``path`` cannot be stat'ed.
     """
-    _verdicts[_identity(path, what)] = time.monotonic()
+    key, now = _identity(path, what), _now()
+    with _lock:
+        _verdicts[key] = now
+        if len(_verdicts) >= 2 * _pruned_at[0]:  # a daemon notes a few per snapshot, for months
+            limit = RECHECK_AFTER.total_seconds()
+            for k in [k for k, at in _verdicts.items() if now - at >= limit]:
+                del _verdicts[k]
+            _pruned_at[0] = max(64, len(_verdicts))
 
 
 def check_once(path: Path, what: Hashable, check: Callable[[], bool]) -> bool:
@@ -80,5 +115,7 @@ def check_once(path: Path, what: Hashable, check: Callable[[], bool]) -> bool:
 
 
 def forget_all() -> None:
-    """Drop every verdict (tests, and a process that wants every file read again)."""
-    _verdicts.clear()
+    """Drop every verdict: the next use of each file reads it whole again (tests, and a
+    process that wants every file read again)."""
+    with _lock:
+        _verdicts.clear()

@@ -1,0 +1,76 @@
+"""How much of a snapshot retention reads to count it, given what this process read before.
+
+Retention counts a snapshot as a restore point only once it was parsed in
+full (its record stream checked, not only its hash): a hash says the file is
+what was written, not that what was written is a state, and older snapshots
+are deleted on the strength of the ones counted. Parsing a snapshot of
+millions of keys every pass would make each pass cost the state's size, so
+this process remembers what it read (:mod:`statelog.storage.whole_checks`):
+
+* a snapshot this process wrote itself (:func:`mark_verified`, from an image
+  it verified) or parsed within the hour is only hashed;
+* one it also hashed within the hour, the file unchanged since (device,
+  inode, size, mtime, ctime), is not read at all: its header, meta and
+  footer are checked;
+* with ``fresh`` (retention asks for it before it deletes a full snapshot,
+  when every restore point it keeps rests on the full snapshots left) the
+  hash is read again whatever was noted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from pathlib import Path
+
+from statelog.storage.fileio import FileLayer
+from statelog.storage.image_cache import reusable_image
+from statelog.storage.image_stamp import footer_hash
+from statelog.storage.layout import BASE_DIR
+from statelog.storage.snapshots import SnapshotMeta, verify_snapshot
+from statelog.storage.whole_checks import HASHED, PARSED, note_intact, seen_intact
+
+__all__ = ["mark_verified", "verified"]
+
+
+def mark_verified(path: Path) -> None:
+    """Note that the snapshot at ``path`` was parsed and hashed in full: its writer built
+    it from an image it verified, so neither retention nor shipping reads it again."""
+    with contextlib.suppress(OSError):
+        footer = footer_hash(path)
+        note_intact(path, (HASHED, footer))
+        note_intact(path, (PARSED, footer))
+
+
+def verified(
+    files: FileLayer, path: Path, store_id: uuid.UUID, *, fresh: bool = False
+) -> SnapshotMeta:
+    """``verify_snapshot`` of ``path``, reading only what this process has not read (above).
+
+    An intact stamped image of the snapshot in ``STORE/base`` also counts as a parse:
+    it was built from this very file by a verified extraction (or by the pass that
+    wrote it). So a compactor process that starts on a large store does not parse
+    its full snapshot again; it hashes it.
+
+    :param fresh: hash the file whatever this process noted before.
+    :raises CorruptionError: as :func:`~statelog.storage.snapshots.verify_snapshot`.
+    :raises OSError: reading failed.
+    """
+    try:
+        footer = footer_hash(path)
+    except OSError:  # shorter than a footer, say: the full check names what is wrong
+        return verify_snapshot(files, path, store_id=store_id)
+    parsed, hashed = (PARSED, footer), (HASHED, footer)
+    if (
+        not seen_intact(path, parsed)
+        and reusable_image(path.parent.parent / BASE_DIR, path, store_id=store_id) is not None
+    ):
+        note_intact(path, parsed)
+    parse = not seen_intact(path, parsed)
+    skip_body = not (parse or fresh) and seen_intact(path, hashed)
+    meta = verify_snapshot(files, path, store_id=store_id, parse=parse, body=not skip_body)
+    if not skip_body:
+        note_intact(path, hashed)
+    if parse:
+        note_intact(path, parsed)
+    return meta
