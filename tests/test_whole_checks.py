@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+import statelog
 from statelog.compaction.fold import compact
 from statelog.storage import image_cache, snapshot_read, whole_checks
 from statelog.storage.whole_checks import (
@@ -36,7 +37,7 @@ from statelog.storage.whole_checks import (
     note_intact,
     seen_intact,
 )
-from tests.delta_stores import Model, commit_round, passed
+from tests.delta_stores import Model, commit_round, contents, passed
 from tests.helpers import flip_bit
 
 
@@ -153,9 +154,11 @@ def _chain(root: Path, model: Model, rounds: range) -> Path:
     return made[0]
 
 
-def test_retention_hashes_a_full_snapshot_once_across_many_passes(
+def test_a_daemon_reads_a_full_snapshot_once_across_many_passes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Parsed once by the process; while only deltas and segments after it go, no
+    later pass reads it again."""
     root, model = tmp_path / "store", Model()
     full = _chain(root, model, range(2))
     forget_all()  # as a daemon started on an existing store: it has read nothing yet
@@ -171,10 +174,13 @@ def test_retention_hashes_a_full_snapshot_once_across_many_passes(
 @pytest.mark.parametrize(
     ("change", "found"),
     [
-        pytest.param(_an_hour_later, True, id="an-hour-later"),
+        # Its settled stamp no longer matches: read whole, the damage found.
         pytest.param(_new_mtime, True, id="rewritten-in-place"),
-        # The write that flipped the bit set a new ctime, which utime cannot set back.
-        pytest.param(_nothing, True, id="within-the-hour-mtime-set-back"),
+        pytest.param(_new_inode, True, id="replaced"),
+        # Bit rot under an unchanged inode, size and mtime: not read by a pass that
+        # deletes nothing resting on it alone (the next test: one that would, reads it);
+        # `statelog verify` and every extraction read it whole regardless.
+        pytest.param(_nothing, False, id="bit-rot-mtime-set-back"),
     ],
 )
 def test_a_full_snapshot_damaged_since_its_last_check_stops_retention(
@@ -197,6 +203,29 @@ def test_a_full_snapshot_damaged_since_its_last_check_stops_retention(
         assert before <= {p.name for p in (root / "snapshots").iterdir()}
 
 
+def test_bit_rot_in_the_newest_full_snapshot_stops_the_deletion_of_the_older_one(
+    tmp_path: Path,
+) -> None:
+    """A delta pass that would delete the older full snapshot reads the newer one, which
+    every restore point kept rests on, whole first, however recently it was noted as
+    intact: damaged, it is kept as evidence, and so is the older one with its log."""
+    root, model = tmp_path / "store", Model()
+    commit_round(root, model, 0)
+    older = passed(root, max_chain=0, retain=5).snapshot
+    commit_round(root, model, 1)
+    newer = passed(root, max_chain=0, retain=5).snapshot
+    assert older is not None and newer is not None
+    st = newer.stat()
+    flip_bit(newer, st.st_size // 2)
+    os.utime(newer, ns=(st.st_atime_ns, st.st_mtime_ns))  # bit rot: the inode looks untouched
+    commit_round(root, model, 2)
+    result = compact(root, **DELTAS)  # a delta on the newer one; retain 1: older would go
+    assert not result.full and newer in result.damaged, result
+    assert newer.exists() and older.exists()
+    with statelog.open(root, readonly=True) as ro:
+        assert contents(ro) == model.state()
+
+
 def test_before_a_full_snapshot_goes_the_full_snapshots_kept_are_hashed_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -209,7 +238,10 @@ def test_before_a_full_snapshot_goes_the_full_snapshots_kept_are_hashed_again(
     new_full = passed(root, max_chain=0, retain=1).snapshot  # written here, noted as read
     assert new_full is not None and not old_full.exists()
     assert reads[new_full.name] == 1, reads  # read again before the old full one went
-    for r in (4, 5):  # deltas on it: only deltas and segments go, it is not read
+    commit_round(root, model, 4)
+    passed(root, **DELTAS)  # deletes the segment that ends where it begins: read again
+    assert reads[new_full.name] == 2, reads
+    for r in (5, 6):  # only deltas and segments after it go: not read
         commit_round(root, model, r)
         assert passed(root, **DELTAS).deleted
-    assert reads[new_full.name] == 1, reads
+    assert reads[new_full.name] == 2, reads

@@ -48,9 +48,10 @@ delete: a pass that wrote no new snapshot usually deletes nothing. How much
 of each snapshot is read depends on what this process read before
 (:mod:`statelog.compaction.verdicts`): parsed in full once, then hashed,
 and within the hour of a hash of the unchanged file not read at all; but
-before a full snapshot is deleted, the full snapshots left, on which every
-restore point kept rests, are hashed again. ``statelog verify`` reads every
-snapshot whole each time.
+before a pass deletes an older full snapshot, or a segment from before the
+oldest full snapshot kept, the full snapshots on which every restore point
+kept rests are hashed again. ``statelog verify`` reads every snapshot whole
+each time.
 """
 
 from __future__ import annotations
@@ -122,19 +123,17 @@ def apply_retention(
         return RetentionResult()
     damaged: list[Path] = []
     good = _verify_each(store, files, [p for _, _, p in snaps], store_id, damaged)
-    kept, old = _restore_points(good, retain, cutoff)
-    if kept and any(m.delta is None for _, m in old):
-        # A full snapshot would go: every restore point kept rests on the full
-        # snapshots left, so they are read whole now, whatever was noted before.
-        fulls = [p for p, m in good if m.delta is None and m.lsn >= kept[-1][1].lsn]
+    kept, old, doomed_segs = _plan(store, good, segs, store_id, retain, cutoff)
+    fulls = [p for p, m in good if m.delta is None and (p, m) not in old]
+    if kept and _leans_on(fulls, good, old, doomed_segs):
+        # Every restore point kept rests on the full snapshots left, and this pass
+        # would delete what recovery needs if one of them were bad: read them whole
+        # now, whatever this process noted of them before.
         fresh = _verify_each(store, files, fulls, store_id, damaged, fresh=True)
         if len(fresh) < len(fulls):
             gone = set(fulls) - {p for p, _ in fresh}
             good = [(p, m) for p, m in good if p not in gone]
-            kept, old = _restore_points(good, retain, cutoff)
-    # A window no restore point reaches back to also needs the log before the oldest.
-    anchored = cutoff is None or (bool(kept) and _before(meta_time(kept[-1][1]), cutoff))
-    doomed_segs = _covered(store, segs, kept[-1][1], store_id) if kept and anchored else []
+            kept, old, doomed_segs = _plan(store, good, segs, store_id, retain, cutoff)
     done = _Deletions()
     # Only the pin listing and the unlinks run under the guard: every open of
     # the store waits for it, so nothing that can block (a log handler on a
@@ -158,6 +157,36 @@ def apply_retention(
     return RetentionResult(
         tuple(p for p, _ in kept), tuple(done.deleted), tuple(damaged), tuple(done.deferred)
     )
+
+
+def _plan(
+    store: Path,
+    good: list[tuple[Path, SnapshotMeta]],
+    segs: list[SegmentInfo],
+    store_id: uuid.UUID,
+    retain: int,
+    cutoff: int | None,
+) -> tuple[list[tuple[Path, SnapshotMeta]], list[tuple[Path, SnapshotMeta]], list[SegmentInfo]]:
+    """The restore points kept, the snapshots and the segments to delete."""
+    kept, old = _restore_points(good, retain, cutoff)
+    # A window no restore point reaches back to also needs the log before the oldest.
+    anchored = cutoff is None or (bool(kept) and _before(meta_time(kept[-1][1]), cutoff))
+    doomed_segs = _covered(store, segs, kept[-1][1], store_id) if kept and anchored else []
+    return kept, old, doomed_segs
+
+
+def _leans_on(
+    fulls: list[Path],
+    good: list[tuple[Path, SnapshotMeta]],
+    old: list[tuple[Path, SnapshotMeta]],
+    doomed_segs: list[SegmentInfo],
+) -> bool:
+    """Whether the deletions planned are safe only if the full snapshots kept are good:
+    a full snapshot goes, or a segment from before the oldest full snapshot kept."""
+    if any(m.delta is None for _, m in old):
+        return True
+    floor = min((m.lsn for p, m in good if p in fulls), default=None)
+    return floor is not None and any(seg.first_lsn <= floor for seg in doomed_segs)
 
 
 def _verify_each(

@@ -8,13 +8,14 @@ millions of keys every pass would make each pass cost the state's size, so
 this process remembers what it read (:mod:`statelog.storage.whole_checks`):
 
 * a snapshot this process wrote itself (:func:`mark_verified`, from an image
-  it verified) or parsed within the hour is only hashed;
+  it verified), parsed within the hour, or whose stamped image in ``base/``
+  is intact (:func:`verified`) is not parsed again;
 * one it also hashed within the hour, the file unchanged since (device,
   inode, size, mtime, ctime), is not read at all: its header, meta and
   footer are checked;
-* with ``fresh`` (retention asks for it before it deletes a full snapshot,
-  when every restore point it keeps rests on the full snapshots left) the
-  hash is read again whatever was noted.
+* with ``fresh`` (retention asks for it before it deletes what only the full
+  snapshots it keeps make unneeded) the hash is read again whatever was
+  noted.
 """
 
 from __future__ import annotations
@@ -47,10 +48,14 @@ def verified(
 ) -> SnapshotMeta:
     """``verify_snapshot`` of ``path``, reading only what this process has not read (above).
 
-    An intact stamped image of the snapshot in ``STORE/base`` also counts as a parse:
-    it was built from this very file by a verified extraction (or by the pass that
-    wrote it). So a compactor process that starts on a large store does not parse
-    its full snapshot again; it hashes it.
+    An intact stamped image of the snapshot in ``STORE/base`` also counts as a parse
+    and a hash: it was built from this very file by a verified extraction (or by the
+    pass that wrote it), and :func:`~statelog.storage.image_cache.reusable_image`
+    either hashes the snapshot against its footer or finds the stamp *settled* (both
+    files unchanged since both were checked whole: the trust under which a writer's
+    open maps the image without reading either). So a compactor process, or a
+    one-shot ``statelog compact``, that starts on a large store reads its full
+    snapshot only when it is about to delete an older full one.
 
     :param fresh: hash the file whatever this process noted before.
     :raises CorruptionError: as :func:`~statelog.storage.snapshots.verify_snapshot`.
@@ -66,6 +71,9 @@ def verified(
         and reusable_image(path.parent.parent / BASE_DIR, path, store_id=store_id) is not None
     ):
         note_intact(path, parsed)
+        # Hashed just now, or settled: trusted unchanged exactly as the writer's open
+        # trusts it to map the image without reading either file.
+        note_intact(path, hashed)
     parse = not seen_intact(path, parsed)
     skip_body = not (parse or fresh) and seen_intact(path, hashed)
     meta = verify_snapshot(files, path, store_id=store_id, parse=parse, body=not skip_body)
