@@ -9,7 +9,13 @@ in 10 checkpoints, closes the writer (which seals the tail), and runs one pass o
 * ``delta``: the default chain policy, so the pass writes a delta snapshot of the
   keys the tail changed on top of the template's full snapshot;
 * ``full``: ``max_chain=0``, so the pass rewrites the whole state as a full
-  snapshot (what every pass did before delta snapshots).
+  snapshot (what every pass did before delta snapshots);
+* ``delta-later``: as ``delta``, but the round first folds another tail of the
+  same size in an untimed pass of the same process, as a daemon's passes follow
+  one another. The first pass after a full snapshot also deletes the log
+  before it, so it hashes that full snapshot again first (retention's rule):
+  a cost of the state's size, paid once per full snapshot, which the later
+  pass does not pay.
 
 ``extra_info`` holds each round's wall and CPU seconds (``time.process_time``,
 all threads of this process), the snapshot bytes written, the bytes the pass
@@ -34,7 +40,7 @@ from .probe import clone_store, run_probe
 from .strategies import commit_checkpoint
 from .workload import Workload
 
-KINDS = {"delta": 8, "full": 0}  # kind -> max_chain
+KINDS = {"delta": 8, "full": 0, "delta-later": 8}  # kind -> max_chain
 _templates: dict[int, Path] = {}
 
 
@@ -68,8 +74,15 @@ def test_pass_cost(
         store = template.parent.parent / f"{kind}{next(clones)}"
         made.append(store)
         clone_store(template, store)
+        first = 0
+        if kind == "delta-later":  # an earlier tail, folded by an untimed pass
+            with statelog.open(store, durability="none") as s:
+                for i in range(10):
+                    commit_checkpoint(s, workload.checkpoint(i))
+            assert compact(store, retain=2, max_chain=KINDS[kind]).snapshot is not None
+            first = 10
         with statelog.open(store, durability="none") as s:  # the close seals the tail
-            for i in range(10):
+            for i in range(first, first + 10):
                 commit_checkpoint(s, workload.checkpoint(i))
         return (store,), {}
 

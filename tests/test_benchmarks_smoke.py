@@ -34,7 +34,7 @@ def test_every_suite_runs_once_at_tiny_sizes(tmp_path: Path) -> None:
     expected += 3 + len(tiny.memory_keys) + 3 + 2  # restart kinds, memory, compaction, remote
     # snapshot build: three ways per size, and a restore at the sizes up to 1M keys
     expected += 3 * len(tiny.build_keys) + sum(k <= 1_000_000 for k in tiny.build_keys)
-    expected += 2 * len(tiny.pass_keys)  # pass cost: a delta pass and a full pass per size
+    expected += 3 * len(tiny.pass_keys)  # pass cost: a delta pass, a later one, a full one
     expected += len(tiny.sustained)  # sustained load with the compactor
     expected += len(tiny.standby_keys) + 1 + 2  # failover per size, the changes feed, lag x2
     expected += 3  # point in time: views, and the retention window (local, s3)
