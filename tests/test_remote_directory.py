@@ -181,6 +181,32 @@ def test_a_zombie_on_a_directory_replica_is_fenced(tmp_path: Path) -> None:
     assert ship(b, url).last_epoch == 260
 
 
+def test_an_idle_ship_writes_nothing_and_still_finds_a_takeover(tmp_path: Path) -> None:
+    """The daemon ships four times a second: with nothing new, neither the MANIFEST
+    (a PUT on a bucket) nor remote.json (an fsync) is written, but the generation is
+    still checked, so an idle zombie learns of a takeover at its next ship."""
+    url, a, b = _url(tmp_path), tmp_path / "a", tmp_path / "b"
+    commit_range(a, 0, 50)
+    ship(a, url)
+    client = RemoteClient.from_url(url)
+    before = read_manifest(client, sid_of(a))
+    record = (a / "remote.json").stat()
+    for _ in range(3):
+        assert ship(a, url).uploaded == ()
+    after = read_manifest(client, sid_of(a))
+    assert before is not None and after is not None and after.etag == before.etag
+    now = (a / "remote.json").stat()
+    assert (now.st_ino, now.st_mtime_ns) == (record.st_ino, record.st_mtime_ns)
+    commit_range(a, 50, 60)  # something new: both written again
+    assert ship(a, url).last_epoch == 60
+    moved = read_manifest(client, sid_of(a))
+    assert moved is not None and moved.etag != before.etag
+    assert (a / "remote.json").stat().st_ino != record.st_ino
+    assert restore(url, b, take_over=True).generation == 2
+    with pytest.raises(FencedError):
+        ship(a, url)  # idle, and fenced all the same
+
+
 def test_conditional_writes(tmp_path: Path) -> None:
     c = DirectoryClient(tmp_path, where="file://test")
     first = c.put_new("s/MANIFEST", b"one")

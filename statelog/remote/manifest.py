@@ -348,7 +348,10 @@ def commit(
     apply ``change`` (a pure function of the version read), write with
     If-Match on its ETag. A refused write is re-read: our own write id
     means it landed; another generation means we were fenced; otherwise
-    (a concurrent writer of the same generation) the round repeats.
+    (a concurrent writer of the same generation) the round repeats. A change
+    that changes nothing writes nothing (the version read is returned, its
+    generation checked): an idle store's ships, four a second per store with
+    the daemon's default bound, add no versions and no PUT requests.
 
     :raises FencedError: the store belongs to another generation; nothing was written.
     :raises RemoteError: the manifest stayed busy for every round.
@@ -356,8 +359,11 @@ def commit(
     keys = StoreKeys(store_id)
     for _ in range(_ROUNDS):
         cur = check(client, store_id, generation)
+        changed = change(cur.manifest)
+        if changed == cur.manifest:
+            return cur.manifest
         write_id = secrets.token_hex(12)
-        new = msgspec.structs.replace(change(cur.manifest), write_id=write_id, updated_ms=_now_ms())
+        new = msgspec.structs.replace(changed, write_id=write_id, updated_ms=_now_ms())
         # Never publish what every reader would refuse: the same checks as a read.
         check_entries(keys.manifest, store_id, new.objects, encoded=new.format >= ENCODED_FORMAT)
         try:

@@ -58,7 +58,7 @@ class ShipRecord(msgspec.Struct, frozen=True):
     store_id: str
     generation: int = 0  # 0: this host holds no generation yet
     last_epoch: int = 0  # the manifest's last_epoch after our last commit
-    last_ship_ms: int = 0
+    last_ship_ms: int = 0  # when a ship last uploaded or adopted anything (Unix ms)
     files: dict[str, Shipped] = msgspec.field(default_factory=dict)
     # The highest segment sequence in wal/ when this directory took ``generation``
     # over: segments up to it that name an older generation are the history the
@@ -112,13 +112,17 @@ def update_record(
     processes updating the record are serialised and neither overwrites a
     change it did not read.
 
-    :returns: the record saved.
+    A change that changes nothing saves nothing (no fsync: an idle store's ships).
+
+    :returns: the record saved (or left as it was).
     :raises CorruptionError: the current record does not decode.
     :raises OSError: locking, reading or saving failed; the previous record is still in place.
     """
     with _locked(store):
-        new = change(load_record(store, files))
-        save_record(store, new, files)
+        cur = load_record(store, files)
+        new = change(cur)
+        if new != cur:
+            save_record(store, new, files)
     return new
 
 

@@ -314,9 +314,10 @@ def ship(
         # Merged with what another process of this directory recorded meanwhile
         # (a claim): its files stay, and a newer generation it took is kept.
         base = cur or rec
+        when = now if up.uploaded or up.adopted or cur is None else base.last_ship_ms
         return msgspec.structs.replace(
             base, url=url, generation=max(base.generation, gen), last_epoch=result.last_epoch,
-            last_ship_ms=now, files={**base.files, **shipped},
+            last_ship_ms=when, files={**base.files, **shipped},
         )  # fmt: skip
 
     update_record(store, record, files)
