@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 
 import statelog
+import statelog.storage.snapshots as snapshots_mod
 from statelog.errors import FencedError, RemoteError, ResnapshotRequired
 from statelog.remote import (
     ConditionFailedError,
@@ -94,7 +96,9 @@ def test_a_restore_decodes_each_shipped_value_once(
     ("case", "parsed", "shipped"),
     [
         pytest.param("built-here", False, True, id="built-by-this-process"),
-        pytest.param("another-process", True, True, id="built-by-another-process"),
+        # Its image in base/ is intact: trusted as retention and the writer's open trust it.
+        pytest.param("another-process", False, True, id="built-by-another-process-image-kept"),
+        pytest.param("no-image", True, True, id="built-by-another-process-no-image"),
         pytest.param("damaged-since", True, False, id="built-here-then-rewritten-damaged"),
         pytest.param("truncated", True, False, id="built-here-then-cut-shorter-than-a-footer"),
     ],
@@ -103,7 +107,8 @@ def test_shipping_parses_a_snapshot_only_if_this_process_did_not_build_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, parsed: bool, shipped: bool
 ) -> None:
     """The daemon ships the snapshot its own pass wrote: hashed, not parsed again (a
-    second of CPU at 1M keys). Any other, or one changed since, is parsed."""
+    second of CPU at 1M keys); so is one whose stamped image is intact. Any other, or
+    one changed since, is parsed."""
     from statelog.compaction.fold import compact
     from statelog.storage.whole_checks import forget_all
 
@@ -112,22 +117,23 @@ def test_shipping_parses_a_snapshot_only_if_this_process_did_not_build_it(
     forget_all()
     snap = compact(src, retain=5).snapshot
     assert snap is not None
-    if case == "another-process":
+    if case in ("another-process", "no-image"):
         forget_all()
+    if case == "no-image":
+        shutil.rmtree(src / "base")
     if case == "damaged-since":
         flip_bit(snap, snap.stat().st_size // 2)
         os.utime(snap, ns=(0, snap.stat().st_mtime_ns + 10**9))  # coarse clocks: a new mtime
     if case == "truncated":
         truncate(snap, 10)
     calls: list[tuple[str, bool]] = []
-    ship_mod = sys.modules["statelog.remote.ship"]  # the package's `ship` is the function
-    real = ship_mod.verify_snapshot
+    real = snapshots_mod.read_snapshot  # every snapshot check goes through it
 
-    def spied(files: object, path: Path, **kw: Any) -> Any:
+    def spied(path: Path, store_id: Any, **kw: Any) -> Any:
         calls.append((path.name, kw.get("parse", True)))
-        return real(files, path, **kw)  # type: ignore[arg-type]
+        return real(path, store_id, **kw)
 
-    monkeypatch.setattr(ship_mod, "verify_snapshot", spied)
+    monkeypatch.setattr(snapshots_mod, "read_snapshot", spied)
     ship(src, url)
     forget_all()
     assert calls == [(snap.name, parsed)]

@@ -46,9 +46,9 @@ from pathlib import Path
 
 import msgspec
 
+from statelog.compaction.verdicts import verified
 from statelog.compaction.window import meta_time
 from statelog.errors import CorruptionError, FencedError, FormatVersionError, RemoteError
-from statelog.format.snapshot import FOOTER_SIZE
 from statelog.format.wal import SegmentHeader
 from statelog.log.reader import StopKind, peek_generation, peek_seal, scan_segment
 from statelog.log.segments import list_segments
@@ -72,10 +72,8 @@ from statelog.remote.retention import RemoteRetentionResult, check_retention, re
 from statelog.remote.upload import Uploader
 from statelog.remote.url import StoreKeys
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image_stamp import footer_hash
 from statelog.storage.layout import IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
-from statelog.storage.snapshots import SnapshotMeta, list_snapshots, verify_snapshot
-from statelog.storage.whole_checks import HASHED, PARSED, note_intact, seen_intact
+from statelog.storage.snapshots import list_snapshots
 
 __all__ = ["ShipResult", "header_generation", "ship"]
 
@@ -204,14 +202,20 @@ def _generation_of(path: Path) -> int:
 def _snapshots(
     store: Path, files: FileLayer, sid: uuid.UUID, gen: int, done: set[str]
 ) -> Iterator[tuple[Entry, bytes] | Path]:
-    """Snapshots not in ``done``, oldest first, verified (:func:`_read_checked`); a
-    damaged one as its path."""
+    """Snapshots not in ``done``, oldest first, verified; a damaged one as its path.
+
+    Checked as retention checks them (:func:`~statelog.compaction.verdicts.verified`):
+    the snapshot the daemon's own pass just wrote is not parsed again (a parse at 1M
+    keys costs most of a second of CPU on the writer's host). A restore parses every
+    shipped snapshot regardless: the bucket is not trusted.
+    """
     for _epoch, _lsn, path in reversed(list_snapshots(store / SNAPSHOT_DIR)):
         rel = f"{SNAPSHOT_DIR}/{path.name}"
         if rel in done:
             continue
         try:
-            meta, data = _read_checked(files, path, sid)
+            meta = verified(files, path, sid)
+            data = path.read_bytes()  # immutable once named: the bytes verified
         except (CorruptionError, FormatVersionError) as exc:
             log.error("event=ship_skipped_damaged file=%s reason=%r", rel, str(exc))
             yield path
@@ -226,38 +230,6 @@ def _snapshots(
             parent=link.parent if link else "", depth=meta.depth,
             parent_sha256=link.parent_sha256 if link else "", time_ms=meta_time(meta),
         ), data  # fmt: skip
-
-
-def _read_checked(files: FileLayer, path: Path, sid: uuid.UUID) -> tuple[SnapshotMeta, bytes]:
-    """The snapshot at ``path``, checked, and its bytes.
-
-    Parsed in full unless this process built it or parsed it within the hour and
-    the file is unchanged since (:data:`~statelog.storage.whole_checks.PARSED`):
-    the daemon ships the snapshot its own pass just wrote, and a parse at 1M keys
-    costs most of a second of CPU on the writer's host. Then the bytes read for
-    upload are the ones hashed against the footer, read once. A restore parses
-    every shipped snapshot regardless: the bucket is not trusted.
-
-    :raises CorruptionError, FormatVersionError, OSError: as
-        :func:`~statelog.storage.snapshots.verify_snapshot`.
-    """
-    try:
-        footer: str | None = footer_hash(path)
-    except FileNotFoundError:
-        raise
-    except OSError:  # shorter than a footer, say: the full check names what is wrong
-        footer = None
-    if footer is not None and seen_intact(path, (PARSED, footer)):
-        meta = verify_snapshot(files, path, store_id=sid, parse=False, body=False)
-        data = path.read_bytes()
-        body = memoryview(data)[:-FOOTER_SIZE]
-        if data[-FOOTER_SIZE:].hex() == footer and hashlib.sha256(body).hexdigest() == meta.sha256:
-            return meta, data
-    meta = verify_snapshot(files, path, store_id=sid)  # names the damage, if any
-    if footer is not None:
-        note_intact(path, (PARSED, footer))
-        note_intact(path, (HASHED, footer))
-    return meta, path.read_bytes()  # immutable once named: the bytes just verified
 
 
 def ship(

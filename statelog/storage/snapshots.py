@@ -275,9 +275,9 @@ def verify_snapshot(
         read, every other check is made, and the ``sha256`` returned is only what
         the footer claims (for a caller that read this file whole before,
         :mod:`statelog.storage.whole_checks`).
-    :raises ValueError: ``body`` False with ``parse`` or ``portable_only``.
     :param portable_only: refuse a format-1 snapshot (whose body is a raw
         LMDB image): for snapshots from elsewhere, such as a bucket.
+    :raises ValueError: ``body`` False with ``parse`` or ``portable_only``.
     :raises CorruptionError: ``reason`` starts with the part that failed:
         ``name:``, ``header:``, ``size:``, ``footer:``, ``meta:``, ``body:``
         or ``sha256 mismatch``.
