@@ -13,8 +13,9 @@ in 10 checkpoints, closes the writer (which seals the tail), and runs one pass o
 * ``delta-later``: as ``delta``, but the round first folds another tail of the
   same size in an untimed pass of the same process, as a daemon's passes follow
   one another. The first pass after a full snapshot also deletes the log
-  before it, so it hashes that full snapshot again first (retention's rule):
-  a cost of the state's size, paid once per full snapshot, which the later
+  before it, so it hashes that full snapshot again (retention's rule, read
+  in a thread beside the fold): a read of the state's size, paid once per
+  full snapshot, which the later
   pass does not pay.
 
 ``extra_info`` holds each round's wall and CPU seconds (``time.process_time``,

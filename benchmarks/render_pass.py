@@ -41,9 +41,10 @@ def pass_section(doc: Doc) -> list[str]:
         "Each round: a clone of a store of that many keys with one full snapshot, the "
         "same-sized tail of random updates committed in 10 checkpoints, then one pass; "
         "3 rounds per cell (medians; CPU s is `time.process_time`). The first pass after "
-        "a full snapshot also deletes the log before it, so it first hashes that full "
-        "snapshot again (so that a bad one is never all that is left): once per full "
-        "snapshot, a cost of the state's size. *After another in the same process*: the "
+        "a full snapshot also deletes the log before it, so it hashes that full snapshot "
+        "again (so that a bad one is never all that is left): once per full snapshot, a "
+        "read of the state's size, made in a thread beside the fold (CPU s counts it). "
+        "*After another in the same process*: the "
         "round first folds another tail of the same size, untimed, as a daemon's passes "
         "follow one another.",
         table(

@@ -49,8 +49,8 @@ def _fresh() -> Any:
 
 
 def _later(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    clock = whole_checks._now
-    monkeypatch.setattr(whole_checks, "_now", lambda: clock() + seconds)
+    clock = whole_checks.now
+    monkeypatch.setattr(whole_checks, "now", lambda: clock() + seconds)
 
 
 def _new_inode(p: Path, _: pytest.MonkeyPatch) -> None:

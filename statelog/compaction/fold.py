@@ -50,11 +50,13 @@ import lmdb
 from statelog.compaction.base import CompactionResult, Pass
 from statelog.compaction.delta import ChainPolicy
 from statelog.compaction.lock import CompactorLock
+from statelog.compaction.read_ahead import HashAhead, likely_rereads
 from statelog.compaction.retention import apply_retention
 from statelog.compaction.window import check_window
 from statelog.compaction.write import fold_pass
 from statelog.errors import InvalidOptionError, StorageError
 from statelog.events import emit
+from statelog.storage import whole_checks
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import REWIND, StoreLayout
 from statelog.storage.marks import check_not_standby
@@ -150,14 +152,21 @@ def _run(p: Pass, retain: int, retain_for: timedelta | None, started: float) -> 
     """Steps 2 to 7 under the lock; the scratch space is removed whatever happens."""
     p.say(logging.DEBUG, "pass_started")
     _clear_scratch(p)
+    since = whole_checks.now()
+    ahead = HashAhead(p.files, p.store_id)
+    p.before_fold = lambda: ahead.start(likely_rereads(p.root, retain, retain_for))
     try:
-        result = fold_pass(p)
+        try:
+            result = fold_pass(p)
+        finally:
+            ahead.wait()
         deleted: tuple[Path, ...] = ()
         if result.skipped != "interrupted":
             p.say(logging.DEBUG, "retention_started", retain=retain)
             kept = apply_retention(
-                p.root, p.files, p.store_id, retain=retain, retain_for=retain_for
-            )
+                p.root, p.files, p.store_id, retain=retain, retain_for=retain_for,
+                hashed_since=since,
+            )  # fmt: skip
             deleted = kept.deleted
             p.damaged.extend(d for d in kept.damaged if d not in p.damaged)
     finally:

@@ -73,6 +73,7 @@ from statelog.storage.layout import SNAPSHOT_DIR, WAL_DIR
 from statelog.storage.pins import ALL, Note, log_notes, pinned_names, retention_guard
 from statelog.storage.snapshot_read import peek_meta
 from statelog.storage.snapshots import SnapshotMeta, list_snapshots
+from statelog.storage.whole_checks import now
 
 __all__ = ["RetentionResult", "apply_retention", "mark_verified"]
 
@@ -95,6 +96,7 @@ def apply_retention(
     retain: int,
     retain_for: timedelta | None = None,
     now_ms: int | None = None,
+    hashed_since: float | None = None,
 ) -> RetentionResult:
     """Apply the retention rules (module docstring) to ``store``.
 
@@ -103,6 +105,10 @@ def apply_retention(
         window restorable (a positive ``timedelta``; None: by count only).
     :param now_ms: the window's end, Unix ms (default: the clock now); for
         tests and tools that replay a decision.
+    :param hashed_since: a reading of :func:`~statelog.storage.whole_checks.now`
+        taken before this pass read anything: a full snapshot this process hashed
+        after it (the pass's :func:`~statelog.compaction.verdicts.hash_ahead`)
+        counts as read again (default: every one is read now).
 
     :raises InvalidOptionError: ``retain`` is not an int >= 1, or ``retain_for``
         not a positive timedelta; nothing was read or deleted.
@@ -128,8 +134,9 @@ def apply_retention(
     if kept and _leans_on(fulls, good, old, doomed_segs):
         # Every restore point kept rests on the full snapshots left, and this pass
         # would delete what recovery needs if one of them were bad: read them whole
-        # now, whatever this process noted of them before.
-        fresh = _verify_each(store, files, fulls, store_id, damaged, fresh=True)
+        # during this pass, whatever this process noted of them before.
+        since = now() if hashed_since is None else hashed_since
+        fresh = _verify_each(store, files, fulls, store_id, damaged, hashed_since=since)
         if len(fresh) < len(fulls):
             gone = set(fulls) - {p for p, _ in fresh}
             good = [(p, m) for p, m in good if p not in gone]
@@ -196,14 +203,14 @@ def _verify_each(
     store_id: uuid.UUID,
     damaged: list[Path],
     *,
-    fresh: bool = False,
+    hashed_since: float | None = None,
 ) -> list[tuple[Path, SnapshotMeta]]:
     """The snapshots of ``paths`` that verify, with their metas (``verified``); each
     damaged one logged and added to ``damaged``, each unreadable one logged."""
     good: list[tuple[Path, SnapshotMeta]] = []
     for path in paths:
         try:
-            good.append((path, verified(files, path, store_id, fresh=fresh)))
+            good.append((path, verified(files, path, store_id, hashed_since=hashed_since)))
         except CorruptionError as exc:
             _say(logging.ERROR, "snapshot_damaged", store, file=_rel(path), reason=exc.reason)
             damaged.append(path)

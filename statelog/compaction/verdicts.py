@@ -13,9 +13,11 @@ this process remembers what it read (:mod:`statelog.storage.whole_checks`):
 * one it also hashed within the hour, the file unchanged since (device,
   inode, size, mtime, ctime), is not read at all: its header, meta and
   footer are checked;
-* with ``fresh`` (retention asks for it before it deletes what only the full
-  snapshots it keeps make unneeded) the hash is read again whatever was
-  noted.
+* with ``hashed_since`` (retention asks for it before it deletes what only the
+  full snapshots it keeps make unneeded) the hash is read again unless this
+  process read it (or wrote it) at or after that moment: the pass's own
+  read-ahead (:mod:`statelog.compaction.read_ahead`) hashes those snapshots on
+  another core while the pass folds its tail.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from statelog.storage.image_cache import reusable_image
 from statelog.storage.image_stamp import footer_hash
 from statelog.storage.layout import BASE_DIR
 from statelog.storage.snapshots import SnapshotMeta, verify_snapshot
-from statelog.storage.whole_checks import HASHED, PARSED, note_intact, seen_intact
+from statelog.storage.whole_checks import HASHED, PARSED, READ_BACK, note_intact, seen_intact
 
 __all__ = ["mark_verified", "verified"]
 
@@ -44,7 +46,7 @@ def mark_verified(path: Path) -> None:
 
 
 def verified(
-    files: FileLayer, path: Path, store_id: uuid.UUID, *, fresh: bool = False
+    files: FileLayer, path: Path, store_id: uuid.UUID, *, hashed_since: float | None = None
 ) -> SnapshotMeta:
     """``verify_snapshot`` of ``path``, reading only what this process has not read (above).
 
@@ -57,7 +59,9 @@ def verified(
     one-shot ``statelog compact``, that starts on a large store reads its full
     snapshot only when it is about to delete an older full one.
 
-    :param fresh: hash the file whatever this process noted before.
+    :param hashed_since: a reading of :func:`~statelog.storage.whole_checks.now`: hash
+        the file unless this process read it back and hashed it, unchanged, at or after
+        it (:data:`~statelog.storage.whole_checks.READ_BACK`).
     :raises CorruptionError: as :func:`~statelog.storage.snapshots.verify_snapshot`.
     :raises OSError: reading failed.
     """
@@ -75,10 +79,14 @@ def verified(
         # trusts it to map the image without reading either file.
         note_intact(path, hashed)
     parse = not seen_intact(path, parsed)
-    skip_body = not (parse or fresh) and seen_intact(path, hashed)
+    if hashed_since is None:
+        skip_body = not parse and seen_intact(path, hashed)
+    else:  # read back from the file since then: not on trust, not the writer's own hash
+        skip_body = not parse and seen_intact(path, (READ_BACK, footer), since=hashed_since)
     meta = verify_snapshot(files, path, store_id=store_id, parse=parse, body=not skip_body)
     if not skip_body:
         note_intact(path, hashed)
+        note_intact(path, (READ_BACK, footer))
     if parse:
         note_intact(path, parsed)
     return meta

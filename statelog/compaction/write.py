@@ -96,6 +96,7 @@ def fold_pass(p: Pass) -> CompactionResult:
                     tail_records=new,
                 )  # fmt: skip
             p.tail_bytes = tail.bytes
+            p.before_fold()
             result = _fold_from(p, cand[2] if cand is not None else None, base_lsn, tail.segments)
             if result is not None:
                 return result

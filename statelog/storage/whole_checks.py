@@ -35,10 +35,12 @@ from pathlib import Path
 __all__ = [
     "HASHED",
     "PARSED",
+    "READ_BACK",
     "RECHECK_AFTER",
     "check_once",
     "forget_all",
     "note_intact",
+    "now",
     "seen_intact",
 ]
 
@@ -54,14 +56,20 @@ PARSED = "parsed"
 checked in full, not only its hash. A snapshot a process wrote itself, from an image it
 verified, counts as parsed by that process."""
 
+READ_BACK = "sha256-read"
+"""The tag of a snapshot hashed by reading its bytes back from the file,
+``(READ_BACK, footer hex)``: unlike :data:`HASHED`, never noted on trust (a settled
+stamp) nor by the writer, who hashed the bytes it wrote from memory."""
+
 _Key = tuple[int, int, int, int, int, Hashable]
 _verdicts: dict[_Key, float] = {}  # identity -> clock reading at the check
 _lock = threading.Lock()
 _pruned_at = [64]  # prune expired verdicts once the record doubles from its last size
 
 
-def _now() -> float:
-    """Seconds on a clock that does not stop while the host is suspended."""
+def now() -> float:
+    """Seconds on the clock verdicts are stamped with, one that does not stop while the
+    host is suspended: what a caller passes back as ``since`` to :func:`seen_intact`."""
     return time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))
 
 
@@ -70,17 +78,20 @@ def _identity(path: Path, what: Hashable) -> _Key:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, what)
 
 
-def seen_intact(path: Path, what: Hashable) -> bool:
+def seen_intact(path: Path, what: Hashable, *, since: float | None = None) -> bool:
     """Whether this process found ``path`` intact against ``what`` (a tag and the
     checksum it must have), the file unchanged since and less than
     :data:`RECHECK_AFTER` ago.
 
+    :param since: a reading of :func:`now`: only a check made at or after it counts.
     :raises OSError: ``path`` cannot be stat'ed.
     """
     key = _identity(path, what)
     with _lock:
         at = _verdicts.get(key)
-    return at is not None and _now() - at < RECHECK_AFTER.total_seconds()
+    if at is None or (since is not None and at < since):
+        return False
+    return now() - at < RECHECK_AFTER.total_seconds()
 
 
 def note_intact(path: Path, what: Hashable) -> None:
@@ -91,12 +102,12 @@ def note_intact(path: Path, what: Hashable) -> None:
 
     :raises OSError: ``path`` cannot be stat'ed.
     """
-    key, now = _identity(path, what), _now()
+    key, at = _identity(path, what), now()
     with _lock:
-        _verdicts[key] = now
+        _verdicts[key] = at
         if len(_verdicts) >= 2 * _pruned_at[0]:  # a daemon notes a few per snapshot, for months
             limit = RECHECK_AFTER.total_seconds()
-            for k in [k for k, at in _verdicts.items() if now - at >= limit]:
+            for k in [k for k, t in _verdicts.items() if at - t >= limit]:
                 del _verdicts[k]
             _pruned_at[0] = max(64, len(_verdicts))
 
