@@ -3,7 +3,8 @@
 | case                                                  | what must hold                          |
 |-------------------------------------------------------|-----------------------------------------|
 | ship, then restore into an empty directory            | the same state, epoch for epoch         |
-| the restore's check of its copy                       | decodes no value a second time          |
+| the restore's check of its copy                       | decodes no value a second time, builds  |
+|                                                       | no overlay, refuses a copy cut short    |
 | a writer committing every 100 ms, daemon shipping,    | every commit acknowledged 2 s before    |
 | host lost                                             | the loss is restored, state exact       |
 | a takeover, then the old host ships again             | FencedError; nothing of it is written   |
@@ -90,6 +91,45 @@ def test_a_restore_decodes_each_shipped_value_once(
     got = restore(url, tmp_path / "dst")
     assert (sum(decoded), got.epoch) == (once, 40)
     assert state_of(tmp_path / "dst") == state_of(src)
+
+
+def test_the_restore_check_builds_no_overlay_and_still_finds_a_copy_that_stops_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recovery of the staging copy learns only the epoch it reaches (no table is
+    built for it); a copy whose log stops before the plan's epoch is refused whole."""
+    from statelog.state.live import LiveState
+
+    restore_mod = sys.modules["statelog.remote.restore"]  # the package exports the function
+
+    url, src = _url(tmp_path), tmp_path / "src"
+    commit_range(src, 0, 150)
+    ship(src, url)
+    applied: list[int] = []
+    real_apply = LiveState.apply
+
+    def counted(self: LiveState, epoch: int, *a: Any, **kw: Any) -> None:
+        applied.append(epoch)
+        real_apply(self, epoch, *a, **kw)
+
+    monkeypatch.setattr(LiveState, "apply", counted)
+    assert restore(url, tmp_path / "dst").epoch == 150
+    assert applied == []
+    assert state_of(tmp_path / "dst") == state_of(src)  # the open replays the tail: built
+    assert applied
+
+    real_save = restore_mod.save_record
+
+    def and_lose_a_segment(root: Path, *a: Any, **kw: Any) -> None:
+        real_save(root, *a, **kw)
+        wal = sorted((root / "wal").glob("*.wal"))
+        assert len(wal) >= 3, wal
+        wal[len(wal) // 2].unlink()  # a restore bug: the copy's log has a hole
+
+    monkeypatch.setattr(restore_mod, "save_record", and_lose_a_segment)
+    with pytest.raises(RemoteError, match="recovers to epoch"):
+        restore(url, tmp_path / "short")
+    assert not (tmp_path / "short").exists()
 
 
 @pytest.mark.parametrize(

@@ -112,6 +112,7 @@ def recover_readonly(
     upto: int | None = None,
     image_dir: Path | None = None,
     values_checked: bool = False,
+    state: LiveState | None = None,
 ) -> ReadOnlyRecovery:
     """Recover the store at ``root`` read-only (see the module docstring).
 
@@ -131,6 +132,8 @@ def recover_readonly(
         may end before it: see :func:`~statelog.recovery.timeline.recover_at`).
     :param values_checked: every value of the log was decoded before (a restore's
         check of each segment it wrote): the replay does not decode them again.
+    :param state: the empty state to recover into (default a new :class:`LiveState`;
+        :class:`~statelog.state.live.EpochsOnly` to learn only where the log ends).
     :raises StoreNotFoundError: ``root`` holds no store.
     :raises NotAStoreError: ``root`` is a file.
     :raises CorruptionError: the identity is unreadable, or ``strict`` and
@@ -158,7 +161,7 @@ def recover_readonly(
             errno=exc.errno,
             hint="set TMPDIR to a writable directory; the store was not changed",
         ) from exc
-    state = LiveState()
+    state = LiveState() if state is None else state
     try:
         report, _ = recover_store(
             files, layout, store_id, state, image_dir=image_dir, repair=False, strict=strict,

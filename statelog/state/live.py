@@ -30,7 +30,7 @@ from statelog.errors import CorruptionError
 from statelog.format.records import DECODE_ERRORS, CommitRecord, Key, decode_value
 from statelog.storage.image import Base, EmptyBase
 
-__all__ = ["MAX_GENERATIONS", "Generation", "Key", "LiveState", "read_value"]
+__all__ = ["MAX_GENERATIONS", "EpochsOnly", "Generation", "Key", "LiveState", "read_value"]
 
 MAX_GENERATIONS = 32
 """Above this many generations (a store nobody compacts) two adjacent ones are merged."""
@@ -300,6 +300,26 @@ def read_value(raw: bytes, store: Path, table: str, key: Key) -> Any:
             hint=f"run `statelog verify {store}`; a damaged base is rebuilt by restoring "
             "the store or from the source",
         ) from None
+
+
+class EpochsOnly(LiveState):
+    """A state that follows a replay's epoch, offsets and watermark and keeps no table
+    entry: for a recovery run only to learn where the log ends (a restore's check of
+    the copy it wrote), which would otherwise build the whole overlay to read one
+    number. Every check of the replay is made as for a :class:`LiveState`; reads see
+    only the base."""
+
+    def apply(
+        self,
+        epoch: int,
+        offsets: Mapping[str, int],
+        low_watermark_ms: int,
+        deltas: Iterable[tuple[str, Sequence[Key], Sequence[bytes], Sequence[Key]]],
+        record_bytes: int = 0,
+    ) -> None:
+        self.offsets.update(offsets)
+        self.low_watermark_ms = low_watermark_ms
+        self.epoch = self.generations[-1].last_epoch = epoch
 
 
 def _first(entry: tuple[Any, ...]) -> Any:
