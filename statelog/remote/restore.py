@@ -24,7 +24,9 @@ leaves no half-restored store behind. Steps, in order:
    the remote as evidence, and the plan walks back to an older one (or to
    the log from LSN 1); nothing left: :class:`ResnapshotRequired`;
 4. download the segments that follow, each hash-checked and scanned whole
-   (header, frames, chain from the previous one, its SEAL). A damaged
+   (header, frames, chain from the previous one, its SEAL), in log order,
+   the next ones downloaded in a thread while one is checked
+   (:mod:`.prefetch`: one fetched ahead and not used is removed). A damaged
    segment stops the restore at the last good epoch before it: later
    segments cannot be replayed without it and no older snapshot skips it.
    The lost epochs are reported and logged CRITICAL; ``strict=True``
@@ -44,6 +46,7 @@ import hashlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -63,8 +66,9 @@ from statelog.remote.links import ChainFetcher
 from statelog.remote.links import refuse as _refuse
 from statelog.remote.manifest import Manifest, acquire, read_manifest
 from statelog.remote.pins import remote_pin
-from statelog.remote.plan import Planner
+from statelog.remote.plan import Plan, Planner
 from statelog.remote.point import Point, apply_cut
+from statelog.remote.prefetch import Prefetch
 from statelog.remote.record import RECORD, Shipped, ShipRecord, save_record
 from statelog.remote.signing import KEY_ENV
 from statelog.remote.staging import Staging, resolve_dest
@@ -246,22 +250,8 @@ def _restore(
     restored: list[Entry] = list(plan.chain)
     if plan.covering is not None and _segment_ok(st, plan.covering, sid, None, rejected):
         restored.append(plan.covering)
-    epoch = plan.snapshot.last_lsn if plan.snapshot else 0
-    chain = plan.snapshot.end_crc if plan.snapshot else 0
-    for e in plan.segments:
-        if not point.wants(e, epoch):
-            break
-        if not _segment_ok(st, e, sid, chain, rejected):
-            if strict:
-                raise RemoteIntegrityError(e.key, rejected[e.key])
-            log.critical(
-                "event=remote_segment_damaged key=%s reason=%r restored_to=%d lost_epochs=%d-%d",
-                e.key, rejected[e.key], epoch, epoch + 1, plan.epoch,
-            )  # fmt: skip
-            break
-        restored.append(e)
-        epoch, chain = e.last_lsn, e.end_crc
-        point.seen(st, e)
+    with Prefetch(st, plan.segments) as ahead:
+        epoch = _follow(st, plan, sid, point, restored, rejected, strict, ahead.fetch)
     if point.bounded:
         epoch = point.cut(st, restored, epoch, m.last_epoch)
     now = int(time.time() * 1000)
@@ -291,11 +281,47 @@ def _restore(
     )  # fmt: skip
 
 
+def _follow(
+    st: Staging,
+    plan: Plan,
+    sid: uuid.UUID,
+    point: Point,
+    restored: list[Entry],
+    rejected: dict[str, str],
+    strict: bool,
+    fetch: Callable[[Entry], Path],
+) -> int:
+    """Check the plan's segments in log order, adding each good one to ``restored``, up
+    to the first damaged one or the point asked for; the epoch they reach."""
+    epoch = plan.snapshot.last_lsn if plan.snapshot else 0
+    chain = plan.snapshot.end_crc if plan.snapshot else 0
+    for e in plan.segments:
+        if not point.wants(e, epoch):
+            break
+        if not _segment_ok(st, e, sid, chain, rejected, fetch):
+            if strict:
+                raise RemoteIntegrityError(e.key, rejected[e.key])
+            log.critical(
+                "event=remote_segment_damaged key=%s reason=%r restored_to=%d lost_epochs=%d-%d",
+                e.key, rejected[e.key], epoch, epoch + 1, plan.epoch,
+            )  # fmt: skip
+            break
+        restored.append(e)
+        epoch, chain = e.last_lsn, e.end_crc
+        point.seen(st, e)
+    return epoch
+
+
 def _segment_ok(
-    st: Staging, e: Entry, sid: uuid.UUID, chain: int | None, rejected: dict[str, str]
+    st: Staging,
+    e: Entry,
+    sid: uuid.UUID,
+    chain: int | None,
+    rejected: dict[str, str],
+    fetch: Callable[[Entry], Path] | None = None,
 ) -> bool:
     try:
-        path = st.fetch(e)
+        path = (fetch or st.fetch)(e)
     except (RemoteIntegrityError, RemoteNotFoundError) as exc:
         return _refuse(rejected, e.key, getattr(exc, "reason", None) or str(exc))
     why = segment_problem(path, e, sid, chain)
