@@ -497,3 +497,34 @@ def test_salvage_finds_nothing_in_zeros_or_torn_bytes(tmp_path: Path) -> None:
     data = path.read_bytes()
     assert list(salvage_frames(bytes(4096), 0)) == []
     assert list(salvage_frames(data[:-9], HEADER_SIZE)) == []
+
+
+def _verdict(s: SegmentScan) -> tuple[object, ...]:
+    return (
+        s.stop, s.header, s.sealed_lsn, s.seal_offset, s.end_crc,
+        [(r.offset, r.end, r.crc) for r in s.records],
+    )  # fmt: skip
+
+
+def test_a_scan_without_payloads_judges_every_cut_and_flip_alike(tmp_path: Path) -> None:
+    """``payloads=False`` (shipping's scan) skips only the copy that joins a record's
+    fragments: at every cut and at a bit flip in every frame, the same verdict."""
+    path, _ = write_segment(tmp_path, PAYLOADS)
+    data = path.read_bytes()
+    damaged = [data[:cut] for cut in range(len(data) + 1)]
+    damaged += [flip(data, at) for at in range(HEADER_SIZE, len(data), 37)]
+    for raw in damaged:
+        for is_last in (True, False):
+            full = scan_segment(path, raw, store_id=STORE, prev_crc=0, is_last=is_last)
+            bare = scan_segment(
+                path, raw, store_id=STORE, prev_crc=0, is_last=is_last, payloads=False
+            )
+            assert _verdict(bare) == _verdict(full)
+    whole = scan_segment(path, data, store_id=STORE, prev_crc=0, is_last=False, payloads=False)
+    assert [bytes(r.payload) for r in whole.records] == [
+        p if len(p) <= 64 else b"" for p in PAYLOADS
+    ]
+
+
+def flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0x10]) + data[at + 1 :]

@@ -175,6 +175,7 @@ def scan_segment(
     store_id: uuid.UUID | None,
     prev_crc: int | None,
     is_last: bool,
+    payloads: bool = True,
 ) -> SegmentScan:
     """Verify and parse one segment's bytes.
 
@@ -182,6 +183,10 @@ def scan_segment(
     :param prev_crc: the chain value the header must carry (None: any).
     :param is_last: whether this is the newest segment, the only one that
         may end in a torn write.
+    :param payloads: False: every check is made, but a record of several
+        fragments gets an empty payload instead of their joined copy (for a
+        caller that only verifies, such as shipping: the copy is most of a
+        scan's cost when records are larger than a fragment).
     :raises FormatVersionError: the magic matches and the version field names a
         version this code does not read (nothing is judged damaged).
     """
@@ -209,7 +214,7 @@ def scan_segment(
             f"chain break: header links to {header.prev_crc:#010x}, log ends at {prev_crc:#010x}",
         )
         return scan
-    _scan_frames(scan, view, header.prev_crc, is_last)
+    _scan_frames(scan, view, header.prev_crc, is_last, keep=payloads)
     return scan
 
 
@@ -228,7 +233,13 @@ def scan_from(path: Path, data: bytes, *, chain: int, is_last: bool) -> SegmentS
 
 
 def _scan_frames(
-    scan: SegmentScan, view: memoryview, chain: int, is_last: bool, start: int = HEADER_SIZE
+    scan: SegmentScan,
+    view: memoryview,
+    chain: int,
+    is_last: bool,
+    start: int = HEADER_SIZE,
+    *,
+    keep: bool = True,
 ) -> None:
     off = start
     record_start = off
@@ -283,7 +294,8 @@ def _scan_frames(
             parts.append(frame.payload)
         else:
             parts.append(frame.payload)
-            scan.records.append(Record(b"".join(parts), record_start, off, chain))
+            whole = b"".join(parts) if keep else b""
+            scan.records.append(Record(whole, record_start, off, chain))
             parts = []
             record_start = off
             scan.end_crc = chain

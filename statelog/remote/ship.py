@@ -151,7 +151,7 @@ def _segments(
             highest = max(highest, _generation_of(path))
             continue  # shipped already; or the active segment (unsealed), never shipped
         data = path.read_bytes()
-        scan = scan_segment(path, data, store_id=sid, prev_crc=None, is_last=False)
+        scan = scan_segment(path, data, store_id=sid, prev_crc=None, is_last=False, payloads=False)
         if scan.stop.kind is not StopKind.CLEAN or scan.header is None or scan.sealed_lsn is None:
             log.error("event=ship_skipped_damaged file=%s reason=%r", rel, scan.stop.reason)
             yield path
