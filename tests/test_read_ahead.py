@@ -8,6 +8,8 @@
 | the full snapshot damaged (bit rot, mtime set back)         | yes        | yes: reported   |
 | the read-ahead fails (I/O error)                            | tried      | yes             |
 | read back by an earlier pass, not by this one               | -          | yes             |
+| a full pass, retain 1: the old full snapshot goes unread    | no         | the new one     |
+| the pass is stopped while the read-ahead runs               | abandoned  | no retention    |
 
 A wrong guess costs a read, never safety: only a hash that matched is noted, and
 only a note made during the pass counts.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +78,7 @@ def test_the_first_pass_after_a_full_snapshot_reads_it_beside_the_fold(
 ) -> None:
     root, model = tmp_path / "store", Model()
     full = _full_with_log_before(root, model)
-    assert likely_rereads(root, retain=1, retain_for=None) == [full]
+    assert likely_rereads(root, retain=1, retain_for=None, full=False) == [full]
     reads = _reads(monkeypatch)
     result = passed(root, **DELTAS)
     assert not result.full and result.deleted, result  # the older full one and its log went
@@ -90,7 +93,7 @@ def test_later_passes_and_skipped_ones_read_nothing_ahead(
     root, model = tmp_path / "store", Model()
     full = _full_with_log_before(root, model)
     reads = _reads(monkeypatch)
-    assert likely_rereads(root, retain=1, retain_for=None) == [full]
+    assert likely_rereads(root, retain=1, retain_for=None, full=False) == [full]
     skipped = compact(root, **DELTAS, min_tail_bytes=1 << 30)
     assert skipped.skipped == "below_trigger", skipped
     assert not [r for r in reads if r[1] == AHEAD], reads
@@ -98,7 +101,7 @@ def test_later_passes_and_skipped_ones_read_nothing_ahead(
     reads.clear()
     for r in (3, 4):  # only deltas and the segments after the full snapshot go
         commit_round(root, model, r)
-        assert likely_rereads(root, retain=1, retain_for=None) == []
+        assert likely_rereads(root, retain=1, retain_for=None, full=False) == []
         assert passed(root, **DELTAS).deleted
     assert not [r for r in reads if r[1] == AHEAD], reads
 
@@ -147,7 +150,44 @@ def test_a_read_back_before_the_pass_does_not_count(
     early = HashAhead(files, StoreLayout(root).read_identity(files))
     early.start([full])
     early.wait()
-    monkeypatch.setattr(fold, "likely_rereads", lambda *_a: [])  # no read-ahead
+    monkeypatch.setattr(fold, "likely_rereads", lambda *_a, **_k: [])  # no read-ahead
     reads = _reads(monkeypatch)
     passed(root, **DELTAS)
     assert [r[0] for r in reads].count(full.name) == 1, reads  # retention's own
+
+
+def test_a_full_pass_that_keeps_only_itself_reads_nothing_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, model = tmp_path / "store", Model()
+    old = _full_with_log_before(root, model)
+    assert likely_rereads(root, retain=1, retain_for=None, full=True) == []
+    reads = _reads(monkeypatch)
+    new = passed(root, max_chain=0, retain=1).snapshot
+    assert new is not None and not old.exists()
+    assert not [r for r in reads if r[1] == AHEAD], reads  # the old one goes unread by it
+    assert [r for r in reads if r[0] == new.name] == [(new.name, "MainThread")], reads
+
+
+def test_a_stopped_pass_does_not_wait_for_its_read_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, model = tmp_path / "store", Model()
+    _full_with_log_before(root, model)
+    started = threading.Event()
+    real_verify, real_start = read_ahead.verify_snapshot, HashAhead.start
+
+    def slow(*a: Any, **kw: Any) -> Any:
+        time.sleep(3.0)
+        return real_verify(*a, **kw)
+
+    def start(self: HashAhead, paths: Any) -> None:
+        real_start(self, paths)
+        started.set()  # then the operator stops the pass
+
+    monkeypatch.setattr(read_ahead, "verify_snapshot", slow)
+    monkeypatch.setattr(HashAhead, "start", start)
+    t = time.monotonic()
+    result = compact(root, **DELTAS, stop=started.is_set)
+    assert result.skipped == "interrupted" and not result.deleted, result
+    assert time.monotonic() - t < 2.5

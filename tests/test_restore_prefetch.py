@@ -7,11 +7,24 @@ reaches the copy.
 | a segment in the middle damaged                   | the segments before it, none after it      |
 | a segment after the damaged one missing           | the same: its error was never asked for    |
 | restored to an epoch                              | no segment after the one holding the epoch |
+|                                                   | (none after it is even downloaded)         |
+
+And :class:`Prefetch` itself, against a staging stand-in:
+
+| case                                              | what must hold                             |
+|---------------------------------------------------|--------------------------------------------|
+| interrupted while one download runs               | that one finishes, the queued ones never   |
+|                                                   | start, no thread is left                   |
+| an unused segment cannot be removed               | OSError (unless the restore fails anyway)  |
+| two entries name one local file                   | nothing fetched ahead                      |
+| no thread can be started                          | fetched in the caller's thread             |
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +32,8 @@ import pytest
 
 from statelog.remote import restore, ship
 from statelog.remote import staging as staging_mod
+from statelog.remote.entry import Entry
+from statelog.remote.prefetch import Prefetch
 from tests.helpers import flip_bit
 from tests.test_remote import commit_range, state_of
 
@@ -80,11 +95,95 @@ def test_a_damaged_segment_leaves_none_after_it(
     assert not list((tmp_path / "dst" / "wal").glob("*.tmp"))
 
 
-def test_a_restore_to_an_epoch_leaves_no_later_segment(tmp_path: Path) -> None:
+def test_a_restore_to_an_epoch_leaves_no_later_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url, _src, objects = _shipped(tmp_path)
+    seen = _downloads(monkeypatch)
     got = restore(url, tmp_path / "dst", upto=40)
     assert got.epoch == 40
     names = _segments(tmp_path / "dst")
     last_first_lsn = int(names[-1].split("-")[1].split(".")[0], 16)
     assert last_first_lsn <= 40
     assert names == [p.name for p in objects[: len(names)]]
+    assert {n for n, _t in seen if n.endswith(".wal")} == set(names)
+
+
+class _Staging:
+    """What Prefetch uses of a Staging: ``path_of``, ``fetch`` (slow), ``remove``."""
+
+    def __init__(self, root: Path, *, fail_remove: bool = False) -> None:
+        self.root, self.fail_remove = root, fail_remove
+        self.fetched: list[tuple[str, str]] = []
+        self.removed: list[str] = []
+
+    def path_of(self, e: Entry) -> Path:
+        return self.root / e.name
+
+    def fetch(self, e: Entry) -> Path:
+        self.fetched.append((e.key, threading.current_thread().name))
+        time.sleep(0.3)
+        self.path_of(e).write_bytes(b"x")
+        return self.path_of(e)
+
+    def remove(self, e: Entry) -> None:
+        if self.fail_remove:
+            raise OSError(5, "Input/output error")
+        self.removed.append(e.key)
+        self.path_of(e).unlink(missing_ok=True)
+
+
+def _entries(n: int, *, names: list[str] | None = None) -> list[Entry]:
+    names = names or [f"{i:016x}.wal" for i in range(n)]
+    return [Entry(key=f"g/{i}", kind="wal", name=names[i], sha256="", size=1, generation=1)
+            for i in range(n)]  # fmt: skip
+
+
+def _threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("statelog-fetch")}
+
+
+def test_an_interrupt_waits_for_the_download_under_way_and_starts_no_other(
+    tmp_path: Path,
+) -> None:
+    st, es = _Staging(tmp_path), _entries(6)
+    with pytest.raises(KeyboardInterrupt), Prefetch(st, es) as ahead:  # type: ignore[arg-type]
+        ahead.fetch(es[0])  # started 0, 1, 2; 1 is under way once 0 is handed out
+        raise KeyboardInterrupt
+    assert [k for k, _t in st.fetched] == ["g/0", "g/1"]
+    assert st.removed == ["g/1"] and not (tmp_path / es[1].name).exists()
+    assert not _threads()
+
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_an_unused_segment_that_cannot_be_removed(tmp_path: Path, failing: bool) -> None:
+    st, es = _Staging(tmp_path, fail_remove=True), _entries(3)
+    ahead = Prefetch(st, es)  # type: ignore[arg-type]
+    ahead.fetch(es[0])
+    if failing:
+        ahead.close(failing=True)  # the restore's own error is the one raised
+    else:
+        with pytest.raises(OSError):
+            ahead.close()
+
+
+def test_two_entries_of_one_local_file_are_not_fetched_ahead(tmp_path: Path) -> None:
+    st = _Staging(tmp_path)
+    es = _entries(3, names=["a.wal", "b.wal", "a.wal"])
+    with Prefetch(st, es) as ahead:  # type: ignore[arg-type]
+        ahead.fetch(es[0])
+    assert st.fetched == [("g/0", "MainThread")] and not st.removed
+
+
+def test_without_a_thread_it_fetches_in_the_callers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_thread(*_a: Any, **_k: Any) -> Any:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(ThreadPoolExecutor, "submit", no_thread)
+    st, es = _Staging(tmp_path), _entries(3)
+    with Prefetch(st, es) as ahead:  # type: ignore[arg-type]
+        for e in es:
+            ahead.fetch(e)
+    assert st.fetched == [(e.key, "MainThread") for e in es]

@@ -80,7 +80,7 @@ class Pass:
     stop: Callable[[], bool]
     policy: ChainPolicy = field(default_factory=ChainPolicy)
     progress: Callable[[str, int, int], None] = lambda _item, _done, _total: None
-    before_fold: Callable[[], None] = lambda: None  # the pass has chosen to fold a tail
+    before_fold: Callable[[bool], None] = lambda _full: None  # the fold chosen (True: full)
     damaged: list[Path] = field(default_factory=list)
     bytes_read: int = 0
     tail_bytes: int = 0  # log bytes of the sealed tail chosen

@@ -36,6 +36,7 @@ next pass (the writer leaves ``snapshots/*.tmp`` to the compactor).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import shutil
@@ -153,15 +154,24 @@ def _run(p: Pass, retain: int, retain_for: timedelta | None, started: float) -> 
     p.say(logging.DEBUG, "pass_started")
     _clear_scratch(p)
     since = whole_checks.now()
-    ahead = HashAhead(p.files, p.store_id)
-    p.before_fold = lambda: ahead.start(likely_rereads(p.root, retain, retain_for))
+    ahead = HashAhead(p.files, p.store_id, p.stop)
+
+    def read_ahead(full: bool) -> None:
+        with contextlib.suppress(OSError):  # a guess: retention lists and reads for itself
+            ahead.start(likely_rereads(p.root, retain, retain_for, full=full))
+
+    p.before_fold = read_ahead
     try:
         try:
             result = fold_pass(p)
-        finally:
-            ahead.wait()
+        except BaseException:
+            ahead.abandon()  # it only reads: no need to wait for the file it is on
+            raise
         deleted: tuple[Path, ...] = ()
-        if result.skipped != "interrupted":
+        if result.skipped == "interrupted":
+            ahead.abandon()
+        else:
+            ahead.wait()
             p.say(logging.DEBUG, "retention_started", retain=retain)
             kept = apply_retention(
                 p.root, p.files, p.store_id, retain=retain, retain_for=retain_for,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -37,11 +37,15 @@ from statelog.storage.whole_checks import HASHED, READ_BACK, note_intact
 __all__ = ["HashAhead", "likely_rereads"]
 
 
-def likely_rereads(store: Path, retain: int, retain_for: timedelta | None) -> list[Path]:
+def likely_rereads(
+    store: Path, retain: int, retain_for: timedelta | None, *, full: bool
+) -> list[Path]:
     """The full snapshots retention will likely hash again after the pass about to
-    write one more restore point: the full snapshot under the oldest restore point it
-    will keep, and every newer full one, when something older than that full snapshot
-    is left to delete (an older snapshot, or a segment that starts at or before it).
+    write one more restore point (a full snapshot if ``full``, else a delta): the full
+    snapshot under the oldest restore point it will keep, and every newer full one,
+    when something older than that full snapshot is left to delete (an older
+    snapshot, or a segment that starts at or before it). None when the pass's own
+    full snapshot is the only one kept: it is not there to read yet.
 
     Reads names and metas only, unverified: a plan, never a verdict.
 
@@ -51,6 +55,8 @@ def likely_rereads(store: Path, retain: int, retain_for: timedelta | None) -> li
     if not snaps:
         return []
     keep = max(retain, window_count(snaps, cutoff_ms(retain_for)))
+    if full and keep <= 1:
+        return []
     # The pass's own snapshot takes the newest place: keep - 1 of these stay.
     oldest = min(max(keep - 2, 0), len(snaps) - 1)
     fulls = [i for i in range(oldest, len(snaps)) if _is_full(snaps[i][2])]
@@ -71,7 +77,9 @@ def _is_full(path: Path) -> bool:
 
 class HashAhead:
     """One thread hashing snapshots (:meth:`start`) while its caller does other work;
-    :meth:`wait` before using what it noted.
+    :meth:`wait` before using what it noted, or :meth:`abandon` it (it then stops
+    before its next file; it only reads, so it may finish the one it is on alone).
+    ``stop`` (the pass's) is also polled between files.
 
     Each snapshot that verifies is noted as hashed and read back
     (:func:`~statelog.storage.whole_checks.note_intact`); one that does not, or
@@ -79,27 +87,40 @@ class HashAhead:
     it again and reports it.
     """
 
-    def __init__(self, files: FileLayer, store_id: uuid.UUID) -> None:
+    def __init__(
+        self, files: FileLayer, store_id: uuid.UUID, stop: Callable[[], bool] = lambda: False
+    ) -> None:
         self._files = files
         self._store_id = store_id
+        self._stop = stop
+        self._abandoned = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self, paths: Sequence[Path]) -> None:
-        """Start hashing ``paths`` in order (nothing if empty; once per instance)."""
+        """Start hashing ``paths`` in order (nothing if empty; once per instance; nothing
+        either if no thread can be started: the caller's own check reads them)."""
         if self._thread is not None or not paths:
             return
-        self._thread = threading.Thread(
+        thread = threading.Thread(
             target=self._run, args=(list(paths),), name="statelog-hash-ahead", daemon=True
         )
-        self._thread.start()
+        with contextlib.suppress(RuntimeError):
+            thread.start()
+            self._thread = thread
 
     def wait(self) -> None:
         """Return once every hash started is done."""
         if self._thread is not None:
             self._thread.join()
 
+    def abandon(self) -> None:
+        """Let the thread stop before its next file, without waiting for it."""
+        self._abandoned.set()
+
     def _run(self, paths: list[Path]) -> None:
         for path in paths:
+            if self._abandoned.is_set() or self._stop():
+                return
             # Whatever fails here is the caller's own check to find and report.
             with contextlib.suppress(Exception):
                 footer = footer_hash(path)

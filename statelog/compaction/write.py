@@ -96,7 +96,6 @@ def fold_pass(p: Pass) -> CompactionResult:
                     tail_records=new,
                 )  # fmt: skip
             p.tail_bytes = tail.bytes
-            p.before_fold()
             result = _fold_from(p, cand[2] if cand is not None else None, base_lsn, tail.segments)
             if result is not None:
                 return result
@@ -177,6 +176,7 @@ def _fold_from(
     """Fold ``tail`` onto ``base``; None if ``base`` cannot be used (walk back)."""
     work = _clear(p)
     if base is None:
+        p.before_fold(True)
         with ImageBuilder.create(work) as builder:
             return _full(p, None, base_lsn, tail, Start(builder), builder)
     opened = _open_chain(p, base)
@@ -187,6 +187,7 @@ def _fold_from(
         meta = chain.meta
         start = Start(Changes(), dict(meta.offsets), meta.low_watermark_ms, meta.chain)
         kind = p.policy.choose(meta, p.tail_bytes, portable=_portable(chain.snapshots[0]))
+        p.before_fold(kind == "full")
         if kind == "delta":
             return _delta(p, chain, layered, base_lsn, tail, start)
         if kind == "rebase":

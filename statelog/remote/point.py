@@ -73,6 +73,11 @@ class Point:
         t = snapshot_commit_ms(st.path_of(snap))
         return 0 < t <= self.until_ms  # an unknown time may be after it: an older one
 
+    def may_want(self, e: Entry) -> bool:
+        """Whether segment ``e`` may be needed, judged before any is read: not if it
+        starts after the epoch asked for."""
+        return self.epoch is None or e.first_lsn <= self.epoch
+
     def wants(self, e: Entry, epoch: int) -> bool:
         """Whether segment ``e`` (after ``epoch``) is still needed."""
         if self.epoch is not None:

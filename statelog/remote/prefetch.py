@@ -13,6 +13,12 @@ staging directory; the restore either checks it before it uses it, or
 (:meth:`Prefetch.close`) removes it before it writes anything else, so a
 copy never holds a segment after the one a restore stopped at. A download
 error of a segment the restore never asks for is dropped with its file.
+Leaving, even on an error or an interrupt (again and again), waits for the
+download under way and starts no other, so no thread writes into the
+staging directory once the restore has let go of it. Two of the plan's
+entries that name one local file (a manifest may list the same name under
+two generations' keys) would let one download replace a file already
+checked: such a plan is fetched one segment at a time, as without this.
 """
 
 from __future__ import annotations
@@ -35,25 +41,26 @@ a check runs, and bound what a restore that stops early fetched for nothing."""
 class Prefetch:
     """Fetch ``entries`` through ``st`` in order, :data:`AHEAD` ahead of :meth:`fetch`.
 
-    Use it as a context manager: leaving it waits for every download started
-    and removes the files of those :meth:`fetch` did not hand out.
+    Use it as a context manager: leaving it waits for the download under way, cancels
+    the others and removes the files of those :meth:`fetch` did not hand out.
     """
 
     def __init__(self, st: Staging, entries: Sequence[Entry], ahead: int = AHEAD) -> None:
         self._st = st
         self._entries = list(entries)
         self._index = {x.key: i for i, x in enumerate(self._entries)}
-        self._ahead = ahead
+        paths = {st.path_of(x) for x in self._entries}
+        self._ahead = ahead if len(paths) == len(self._entries) == len(self._index) else 0
         self._started: dict[str, Future[Path]] = {}
         self._handed: set[str] = set()
         self._next = 0
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="statelog-fetch")
+        self._pool: ThreadPoolExecutor | None = None
 
     def __enter__(self) -> Prefetch:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *_: object) -> None:
+        self.close(failing=kind is not None)
 
     def fetch(self, e: Entry) -> Path:
         """``st.fetch(e)``, from the download started ahead if there is one.
@@ -61,26 +68,52 @@ class Prefetch:
         :raises: what :meth:`~statelog.remote.staging.Staging.fetch` raises for ``e``.
         """
         at = self._index.get(e.key)
-        if at is None:
-            return self._st.fetch(e)  # not one of the plan's: fetched now, as before
-        while self._next < len(self._entries) and self._next <= at + self._ahead:
-            self._start_next()
+        if at is not None and self._ahead:
+            while self._next < len(self._entries) and self._next <= at + self._ahead:
+                if not self._start_next():
+                    break
         self._handed.add(e.key)
-        return self._started[e.key].result()
+        started = self._started.get(e.key)
+        return started.result() if started is not None else self._st.fetch(e)
 
-    def _start_next(self) -> None:
+    def _start_next(self) -> bool:
+        """Start the next download; False if no thread could be started (then none is)."""
         e = self._entries[self._next]
+        try:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="statelog-fetch")
+            self._started[e.key] = self._pool.submit(self._st.fetch, e)
+        except RuntimeError:  # no thread to be had: fetch in this one, as without this
+            self._ahead = 0
+            return False
         self._next += 1
-        self._started[e.key] = self._pool.submit(self._st.fetch, e)
+        return True
 
-    def close(self) -> None:
-        """Wait for every download started; remove what was fetched but not handed out."""
-        self._pool.shutdown(wait=True)
-        for e in self._entries:
-            f = self._started.get(e.key)
-            if f is None or e.key in self._handed:
+    def close(self, *, failing: bool = False) -> None:
+        """Wait for the download under way, cancel the rest, and remove what was fetched
+        but not handed out.
+
+        :param failing: the restore is failing anyway (its staging directory will be
+            discarded): a file that cannot be removed is left to that.
+        :raises OSError: an unused segment could not be removed (the copy would hold a
+            segment after the one the restore stopped at), unless ``failing``.
+        """
+        interrupted: BaseException | None = None
+        while self._pool is not None:
+            try:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+                break
+            except BaseException as exc:  # an interrupt: the thread must still end first
+                interrupted = interrupted or exc
+        for key, f in self._started.items():
+            if key in self._handed or f.cancelled():
                 continue
             with contextlib.suppress(Exception):  # its error was never asked for
                 f.result()
-            with contextlib.suppress(OSError):
-                self._st.remove(e)
+            try:
+                self._st.remove(self._entries[self._index[key]])
+            except OSError:
+                if not (failing or interrupted):
+                    raise
+        if interrupted is not None:
+            raise interrupted

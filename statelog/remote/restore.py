@@ -250,7 +250,9 @@ def _restore(
     restored: list[Entry] = list(plan.chain)
     if plan.covering is not None and _segment_ok(st, plan.covering, sid, None, rejected):
         restored.append(plan.covering)
-    with Prefetch(st, plan.segments) as ahead:
+    # Segments after an epoch asked for are never wanted: not even fetched ahead.
+    wanted = [e for e in plan.segments if point.may_want(e)]
+    with Prefetch(st, wanted) as ahead:
         epoch = _follow(st, plan, sid, point, restored, rejected, strict, ahead.fetch)
     if point.bounded:
         epoch = point.cut(st, restored, epoch, m.last_epoch)
