@@ -130,11 +130,11 @@ def test_a_failed_read_ahead_leaves_the_read_to_retention(
     full = _full_with_log_before(root, model)
     tried: list[Path] = []
 
-    def failing(_files: Any, path: Path, **_kw: Any) -> Any:
+    def failing(_files: Any, path: Path, _store_id: Any) -> None:
         tried.append(path)
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(read_ahead, "verify_snapshot", failing)
+    monkeypatch.setattr(read_ahead, "read_back", failing)
     reads = _reads(monkeypatch)
     result = passed(root, **DELTAS)
     assert tried == [full] and result.deleted and not result.damaged, result
@@ -175,17 +175,17 @@ def test_a_stopped_pass_does_not_wait_for_its_read_ahead(
     root, model = tmp_path / "store", Model()
     _full_with_log_before(root, model)
     started = threading.Event()
-    real_verify, real_start = read_ahead.verify_snapshot, HashAhead.start
+    real_read, real_start = read_ahead.read_back, HashAhead.start
 
-    def slow(*a: Any, **kw: Any) -> Any:
+    def slow(*a: Any) -> None:
         time.sleep(3.0)
-        return real_verify(*a, **kw)
+        real_read(*a)
 
     def start(self: HashAhead, paths: Any) -> None:
         real_start(self, paths)
         started.set()  # then the operator stops the pass
 
-    monkeypatch.setattr(read_ahead, "verify_snapshot", slow)
+    monkeypatch.setattr(read_ahead, "read_back", slow)
     monkeypatch.setattr(HashAhead, "start", start)
     t = time.monotonic()
     result = compact(root, **DELTAS, stop=started.is_set)

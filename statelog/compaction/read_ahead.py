@@ -26,13 +26,12 @@ from datetime import timedelta
 from pathlib import Path
 
 from statelog.compaction.tail import list_segment_infos
+from statelog.compaction.verdicts import read_back
 from statelog.compaction.window import cutoff_ms, window_count
 from statelog.storage.fileio import FileLayer
-from statelog.storage.image_stamp import footer_hash
 from statelog.storage.layout import SNAPSHOT_DIR, WAL_DIR
 from statelog.storage.snapshot_read import peek_meta
-from statelog.storage.snapshots import list_snapshots, verify_snapshot
-from statelog.storage.whole_checks import HASHED, READ_BACK, note_intact
+from statelog.storage.snapshots import list_snapshots
 
 __all__ = ["HashAhead", "likely_rereads"]
 
@@ -81,8 +80,8 @@ class HashAhead:
     before its next file; it only reads, so it may finish the one it is on alone).
     ``stop`` (the pass's) is also polled between files.
 
-    Each snapshot that verifies is noted as hashed and read back
-    (:func:`~statelog.storage.whole_checks.note_intact`); one that does not, or
+    Each snapshot that verifies is noted as read back
+    (:func:`~statelog.compaction.verdicts.read_back`); one that does not, or
     cannot be read, is left unnoted and unreported: the caller's own check reads
     it again and reports it.
     """
@@ -123,7 +122,4 @@ class HashAhead:
                 return
             # Whatever fails here is the caller's own check to find and report.
             with contextlib.suppress(Exception):
-                footer = footer_hash(path)
-                verify_snapshot(self._files, path, store_id=self._store_id, parse=False)
-                note_intact(path, (HASHED, footer))
-                note_intact(path, (READ_BACK, footer))
+                read_back(self._files, path, self._store_id)

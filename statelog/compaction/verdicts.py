@@ -33,7 +33,7 @@ from statelog.storage.layout import BASE_DIR
 from statelog.storage.snapshots import SnapshotMeta, verify_snapshot
 from statelog.storage.whole_checks import HASHED, PARSED, READ_BACK, note_intact, seen_intact
 
-__all__ = ["mark_verified", "verified"]
+__all__ = ["mark_verified", "read_back", "verified"]
 
 
 def mark_verified(path: Path) -> None:
@@ -43,6 +43,25 @@ def mark_verified(path: Path) -> None:
         footer = footer_hash(path)
         note_intact(path, (HASHED, footer))
         note_intact(path, (PARSED, footer))
+
+
+def read_back(files: FileLayer, path: Path, store_id: uuid.UUID) -> None:
+    """Hash the snapshot at ``path`` read back from the file, and note it so
+    (:data:`~statelog.storage.whole_checks.READ_BACK`, which :func:`verified` with
+    ``hashed_since`` accepts): the read retention's rule asks for, made ahead of it.
+
+    :raises CorruptionError: as :func:`~statelog.storage.snapshots.verify_snapshot`
+        (nothing is noted).
+    :raises OSError: reading failed (nothing is noted).
+    """
+    footer = footer_hash(path)
+    verify_snapshot(files, path, store_id=store_id, parse=False)
+    _note_read_back(path, footer)
+
+
+def _note_read_back(path: Path, footer: str) -> None:
+    note_intact(path, (HASHED, footer))
+    note_intact(path, (READ_BACK, footer))
 
 
 def verified(
@@ -85,8 +104,7 @@ def verified(
         skip_body = not parse and seen_intact(path, (READ_BACK, footer), since=hashed_since)
     meta = verify_snapshot(files, path, store_id=store_id, parse=parse, body=not skip_body)
     if not skip_body:
-        note_intact(path, hashed)
-        note_intact(path, (READ_BACK, footer))
+        _note_read_back(path, footer)
     if parse:
         note_intact(path, parsed)
     return meta

@@ -80,9 +80,7 @@ class Point:
 
     def wants(self, e: Entry, epoch: int) -> bool:
         """Whether segment ``e`` (after ``epoch``) is still needed."""
-        if self.epoch is not None:
-            return e.first_lsn <= self.epoch
-        return not self.passed
+        return self.may_want(e) if self.epoch is not None else not self.passed
 
     def seen(self, st: Staging, e: Entry) -> None:
         """By time: read the fetched segment ``e`` (the next one of the plan) up to its first
