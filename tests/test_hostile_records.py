@@ -30,8 +30,11 @@ from statelog.cli import main as cli
 from statelog.errors import CorruptionError, InvalidCommitError
 from statelog.format.records import (
     CommitRecord,
+    RecordSchemaError,
     TableDelta,
     check_record,
+    decode_record,
+    decode_record_head,
     encode_record,
     encode_value,
 )
@@ -350,6 +353,58 @@ def test_hostile_record_in_a_remote_segment_restores_to_the_last_good_commit(
     with statelog.open(tmp_path / "dst", readonly=True) as ro:
         assert ro.epoch == 3
         assert snapshot_of(ro) == model_at(models, 3)
+
+
+_HEAD_ROWS = {
+    name: row for name, row in HOSTILE_ROWS.items() if name.startswith(("offset", "watermark"))
+}
+
+
+@pytest.mark.parametrize("row", list(HOSTILE_ROWS))
+def test_a_records_head_is_checked_as_the_whole_record_checks_it(row: str) -> None:
+    """``decode_record_head`` (for records checked whole before) refuses every head the
+    whole check refuses, and reads the same epoch, offsets and watermark otherwise; what
+    breaks only the tables is left to the whole check it relies on."""
+    payload = raw_record(HOSTILE, **HOSTILE_ROWS[row])
+    with pytest.raises(RecordSchemaError):
+        decode_record(payload)
+    if row in _HEAD_ROWS:
+        with pytest.raises(RecordSchemaError):
+            decode_record_head(payload)
+        return
+    try:
+        head = decode_record_head(payload)
+    except RecordSchemaError:
+        assert "nested" in row  # skipping 5000 levels may be refused too: never a crash
+        return
+    assert (head.epoch, head.offsets, head.low_watermark_ms) == (HOSTILE, {"p0": 6}, 60)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param(raw_record(0), id="epoch-0"),
+        pytest.param(raw_record(HOSTILE)[:-3], id="cut-in-the-tables"),
+        pytest.param(raw_record(HOSTILE) + b"\xc0", id="trailing-byte"),
+        pytest.param(b"\x95\x02" + raw_record(HOSTILE)[2:], id="another-tag"),
+        pytest.param(_enc([1, 2, 3]), id="too-short"),
+        pytest.param(b"", id="empty"),
+    ],
+)
+def test_a_records_head_refuses_what_is_no_record(payload: bytes) -> None:
+    with pytest.raises(RecordSchemaError):
+        decode_record_head(payload)
+
+
+def test_a_good_records_head_is_the_records() -> None:
+    rec = CommitRecord(9, {"p": 3}, 40, [TableDelta("t", ["a"], [encode_value(1)], [])], 77)
+    head = decode_record_head(encode_record(rec))
+    assert (head.epoch, head.offsets, head.low_watermark_ms, head.commit_ms) == (
+        9,
+        {"p": 3},
+        40,
+        77,
+    )
 
 
 def test_limits_table_of_the_format_is_the_codes() -> None:

@@ -70,26 +70,34 @@ def test_a_restore_decodes_each_shipped_value_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each downloaded segment is checked record by record, values decoded; the recovery
-    of the staging copy that follows checks the rest of each record, not the values again."""
+    of the staging copy that follows reads only each record's head (epoch, offsets,
+    watermark), never a whole record or a value again."""
     from statelog.format import records
 
     url, src = _url(tmp_path), tmp_path / "src"
     commit_range(src, 0, 40)
     ship(src, url)
     decoded: list[int] = []
-    real = records.check_values
+    whole: list[int] = []
+    real, real_whole = records.check_values, records._decode
 
     def counted(values: list[bytes]) -> None:
         decoded.append(len(values))
         real(values)
 
+    def counted_whole(payload: Any, *a: Any, **kw: Any) -> Any:
+        whole.append(1)
+        return real_whole(payload, *a, **kw)
+
     monkeypatch.setattr(records, "check_values", counted)
+    monkeypatch.setattr(records, "_decode", counted_whole)
     restore(url, tmp_path / "unchecked", check=False)
-    once = sum(decoded)
-    assert once > 0
+    once, records_once = sum(decoded), len(whole)
+    assert once > 0 and records_once >= 40
     decoded.clear()
+    whole.clear()
     got = restore(url, tmp_path / "dst")
-    assert (sum(decoded), got.epoch) == (once, 40)
+    assert (sum(decoded), len(whole), got.epoch) == (once, records_once, 40)
     assert state_of(tmp_path / "dst") == state_of(src)
 
 

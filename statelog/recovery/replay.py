@@ -35,12 +35,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from statelog.errors import CorruptionError, ResnapshotRequired, StorageError
-from statelog.format.records import RecordSchemaError, decode_record
+from statelog.format.records import (
+    CommitHead,
+    CommitRecord,
+    RecordSchemaError,
+    decode_record,
+    decode_record_head,
+)
 from statelog.log.reader import SegmentScan, StopKind, peek_generation, scan_segment
 from statelog.log.segments import list_segments
 from statelog.recovery.damage import Progress, corruption, torn_tail
 from statelog.recovery.report import RecoveryReport
-from statelog.state.live import LiveState
+from statelog.state.live import EpochsOnly, LiveState
 from statelog.storage.fileio import FileLayer
 
 __all__ = ["LogEnd", "recover_log"]
@@ -80,9 +86,11 @@ def recover_log(
         must link to ``chain``; an empty log is then fine.
     :param upto: replay no commit after this epoch (a view of the past; only
         without ``repair``): what follows it is neither read nor judged.
-    :param values_checked: every value of every record in ``wal_dir`` was decoded
+    :param values_checked: every record in ``wal_dir`` was decoded and checked whole
         before (a restore checked each segment it wrote): the records' schema is
-        checked without decoding their values again (``decode_record(values=False)``).
+        checked without decoding their values again (``decode_record(values=False)``),
+        and into a state that keeps no entry (:class:`~statelog.state.live.EpochsOnly`)
+        only each record's head is decoded (``decode_record_head``).
 
     :param repair: the caller holds the writer's lock and may cut torn tails
         and move damage aside; False (read-only) changes nothing on disk.
@@ -248,15 +256,24 @@ def _check_and_apply(
         end.generation = max(end.generation, header.generation)
         end.last_generation = header.generation
     state = prog.state
+    # Records checked whole before, into a state that keeps no entry: the head is enough.
+    epochs_only = state if prog.values_checked and isinstance(state, EpochsOnly) else None
     for rec in scan.records:
         try:
-            decoded = decode_record(rec.payload, values=not prog.values_checked)
+            if epochs_only is not None:
+                decoded: CommitRecord | CommitHead = decode_record_head(rec.payload)
+            else:
+                decoded = decode_record(rec.payload, values=not prog.values_checked)
         except RecordSchemaError as exc:
             return StopKind.CORRUPT, rec.offset, exc.message
         if decoded.epoch != state.epoch + 1:
             why = f"epoch {decoded.epoch} where {state.epoch + 1} was expected"
             return StopKind.CORRUPT, rec.offset, why
-        state.apply_record(decoded, len(rec.payload))
+        if isinstance(decoded, CommitHead):
+            assert epochs_only is not None
+            epochs_only.apply_record(decoded, len(rec.payload))
+        else:
+            state.apply_record(decoded, len(rec.payload))
         prog.replayed += 1
         end.chain = rec.crc
         if prog.upto is not None and decoded.epoch >= prog.upto:

@@ -1,11 +1,11 @@
-"""Downloading a restore's segments ahead of its checks, in one thread beside them.
+"""Downloading a restore's segments ahead of its checks, in threads beside them.
 
 A restore checks each segment it downloads (frames, chain, SEAL, every
 record's schema: Python work that holds the GIL) and only then decides
 whether the next one is wanted. The download itself (the request, zstd,
 SHA-256, the file's write and fsync) mostly releases the GIL, so fetching
-segment *i + 1* while segment *i* is checked overlaps the two on a second
-core instead of adding them.
+segments *i + 1* and *i + 2* while segment *i* is checked overlaps them on
+the other cores instead of adding them.
 
 What must not change: the checks still run in log order and decide alone
 what the restore keeps. A segment fetched ahead is only a file in the
@@ -14,7 +14,7 @@ staging directory; the restore either checks it before it uses it, or
 copy never holds a segment after the one a restore stopped at. A download
 error of a segment the restore never asks for is dropped with its file.
 Leaving, even on an error or an interrupt (again and again), waits for the
-download under way and starts no other, so no thread writes into the
+downloads under way and starts no other, so no thread writes into the
 staging directory once the restore has let go of it. Two of the plan's
 entries that name one local file (a manifest may list the same name under
 two generations' keys) would let one download replace a file already
@@ -31,17 +31,20 @@ from pathlib import Path
 from statelog.remote.entry import Entry
 from statelog.remote.staging import Staging
 
-__all__ = ["AHEAD", "Prefetch"]
+__all__ = ["AHEAD", "WORKERS", "Prefetch"]
 
 AHEAD = 2
 """Segments downloaded ahead of the one being checked: two keep the thread busy while
 a check runs, and bound what a restore that stops early fetched for nothing."""
+WORKERS = 2
+"""Downloads run at once: decoding and hashing one segment is a core's work, so two
+overlap where the checks alone would leave a core idle."""
 
 
 class Prefetch:
     """Fetch ``entries`` through ``st`` in order, :data:`AHEAD` ahead of :meth:`fetch`.
 
-    Use it as a context manager: leaving it waits for the download under way, cancels
+    Use it as a context manager: leaving it waits for the downloads under way, cancels
     the others and removes the files of those :meth:`fetch` did not hand out.
     """
 
@@ -81,7 +84,9 @@ class Prefetch:
         e = self._entries[self._next]
         try:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="statelog-fetch")
+                self._pool = ThreadPoolExecutor(
+                    max_workers=WORKERS, thread_name_prefix="statelog-fetch"
+                )
             self._started[e.key] = self._pool.submit(self._st.fetch, e)
         except RuntimeError:  # no thread to be had: fetch in this one, as without this
             self._ahead = 0
@@ -90,7 +95,7 @@ class Prefetch:
         return True
 
     def close(self, *, failing: bool = False) -> None:
-        """Wait for the download under way, cancel the rest, and remove what was fetched
+        """Wait for the downloads under way, cancel the rest, and remove what was fetched
         but not handed out.
 
         :param failing: the restore is failing anyway (its staging directory will be

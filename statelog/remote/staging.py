@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import threading
 from pathlib import Path
 
 from statelog.errors import NotAStoreError
@@ -159,6 +160,7 @@ class Staging:
             os.mkdir(self.confined.path(sub))
         files.fsync_dir(root.parent)
         self.bytes = 0
+        self._counting = threading.Lock()  # downloads run in threads beside the restore
 
     def path_of(self, e: Entry) -> Path:
         """The checked local path of entry ``e``."""
@@ -172,7 +174,8 @@ class Staging:
         :raises NotAStoreError: a symlink was planted on the way.
         """
         path = download(self.client, self.confined, self.files, e)
-        self.bytes += e.size
+        with self._counting:
+            self.bytes += e.size
         return path
 
     def remove(self, e: Entry) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from statelog.errors import CorruptionError
-from statelog.format.records import DECODE_ERRORS, CommitRecord, Key, decode_value
+from statelog.format.records import DECODE_ERRORS, CommitHead, CommitRecord, Key, decode_value
 from statelog.storage.image import Base, EmptyBase
 
 __all__ = ["MAX_GENERATIONS", "EpochsOnly", "Generation", "Key", "LiveState", "read_value"]
@@ -320,6 +320,12 @@ class EpochsOnly(LiveState):
         self.offsets.update(offsets)
         self.low_watermark_ms = low_watermark_ms
         self.epoch = self.generations[-1].last_epoch = epoch
+
+    def apply_record(self, rec: CommitRecord | CommitHead, record_bytes: int = 0) -> None:
+        """Apply a record, or only its head (``decode_record_head``): no entry is kept."""
+        self.apply(rec.epoch, rec.offsets, rec.low_watermark_ms, (), record_bytes)
+        if rec.commit_ms:
+            self.commit_ms = rec.commit_ms
 
 
 def _first(entry: tuple[Any, ...]) -> Any:
