@@ -8,7 +8,8 @@ cases names the edges a chunked merge can get wrong: keys before the full
 image's first key or past its last, a tombstone over an older level's key
 (a key must not come back), a key put again after a delete, tables only in
 a delta or only in the tail, a table emptied, an empty full image, chunk
-boundaries (more keys than one read chunk holds).
+boundaries (more keys than one read chunk holds). And the tail's changes as a
+pass folds them equal a model that applies each record in order.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _merged(tmp: Path, full: Level, deltas: list[Level], tail: Level) -> dict[st
     paths += [_image(tmp / f"delta{i}.mdb", d) for i, d in enumerate(deltas)]
     counts = {t: len(e) for t, e in _model([full, *deltas], {}).items()}
     changes = Changes()
-    changes.tables = {t: dict(e) for t, e in tail.items()}
+    changes.tables.update({t: dict(e) for t, e in tail.items()})  # already encoded keys
     base = open_levels(paths, counts)
     try:
         got_counts = merge_levels(base, changes, tmp / "merged.mdb")
@@ -152,3 +153,40 @@ def test_merge_equals_the_model_for_any_stack(
     want = _model([full, *deltas], tail)
     assert got["state"] == want
     assert got["counts"] == {t: len(e) for t, e in want.items()}
+
+
+# -- the tail's changes as a pass folds them --------------------------------------------
+
+_raw_key = st.sampled_from(["a", "b", "é", b"a", b"b", b"\x00"])
+_record = st.tuples(
+    _table, st.lists(st.tuples(_raw_key, _value), max_size=6), st.lists(_raw_key, max_size=3)
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    level=st.dictionaries(_table, st.dictionaries(_key, st.none() | _value, max_size=5)),
+    records=st.lists(st.lists(_record, max_size=3), max_size=6),
+)
+def test_folded_changes_equal_applying_each_record_in_order(
+    level: Level, records: list[list[tuple[str, list[tuple[Any, bytes]], list[Any]]]]
+) -> None:
+    """A str and a bytes key of the same characters stay two keys; a delete then a put
+    of one key is the put; the tail overrides the delta level loaded before it."""
+    from statelog.storage.image import encode_key
+
+    want: dict[str, dict[bytes, bytes | None]] = {t: dict(e) for t, e in level.items()}
+    changes = Changes()
+    for table, entries in level.items():
+        changes.load_level(table, [(k, TOMBSTONE if v is None else v) for k, v in entries.items()])
+    for batch in records:
+        deltas = []
+        for table, puts, deletes in batch:
+            put = dict(puts)  # one value per key within a commit, as the writer makes them
+            gone = [k for k in deletes if k not in put]
+            deltas.append((table, list(put), list(put.values()), gone))
+            t = want.setdefault(table, {})
+            t.update(dict.fromkeys(map(encode_key, gone)))
+            t.update((encode_key(k), v) for k, v in put.items())
+        changes.apply_batch(deltas)
+    assert changes.tables == want
