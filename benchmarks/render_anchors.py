@@ -17,13 +17,15 @@ __all__ = ["anchors_section"]
 _NAMES = {
     "statelog": "statelog", "statelog-unsampled": "statelog, no sampler",
     "statelog-unshipped": "statelog, not shipped",
-    "litestream": "Litestream", "slatedb": "SlateDB", "slatedb-local": "SlateDB, local store",
+    "litestream": "Litestream", "litestream-unsampled": "Litestream, no sampler",
+    "slatedb": "SlateDB", "slatedb-local": "SlateDB, local store",
 }  # fmt: skip
 _ON_S3 = ("statelog", "litestream", "slatedb")
 _ACKED = {
     "statelog": "local fsync", "statelog-unsampled": "local fsync",
     "statelog-unshipped": "local fsync (never shipped)",
-    "litestream": "local fsync", "slatedb": "in the bucket",
+    "litestream": "local fsync", "litestream-unsampled": "local fsync",
+    "slatedb": "in the bucket",
     "slatedb-local": "in its directory, no fsync",
 }  # fmt: skip
 """What each side's acknowledgement of a checkpoint means (see ``benchmarks/anchors.py`` and
@@ -91,6 +93,20 @@ def _notes(runs: dict[str, Doc]) -> list[str]:
             f"Shipping on, statelog's durable updates/s were {share:.2f}x those of the same "
             "writer and daemon with nothing shipping, both without a sampler (the columns "
             "*statelog, no sampler* and *statelog, not shipped*), in this run."
+        )
+    lite, lite_quiet = runs.get("litestream"), runs.get("litestream-unsampled")
+    if quiet is not None and lite_quiet is not None:
+        both = ratio(quiet["updates_per_s"], lite_quiet["updates_per_s"])
+        sampled = ""
+        if on is not None and lite is not None:
+            sampled = (
+                f"; each beside its lag sampler (*statelog* and *Litestream*), "
+                f"{ratio(on['updates_per_s'], lite['updates_per_s']):.1f}x"
+            )
+        out.append(
+            f"Without a lag sampler on either side (the columns *statelog, no sampler* and "
+            f"*Litestream, no sampler*), statelog's durable updates/s were {both:.1f}x "
+            f"Litestream's{sampled}, in this run."
         )
     if quiet is not None and on is not None:
         share = ratio(on["updates_per_s"], quiet["updates_per_s"])
@@ -177,7 +193,8 @@ def anchors_section(doc: Doc) -> list[str]:
         "`--remote`, compacting only, also without a sampler. "
         "SQLite: WAL mode, "
         "`synchronous=FULL`, one transaction per checkpoint, `litestream replicate` with a "
-        "1 s sync interval. SlateDB (its Python binding): one `WriteBatch` per checkpoint, "
+        "1 s sync interval; *Litestream, no sampler* is the same without the lag sampler. "
+        "SlateDB (its Python binding): one `WriteBatch` per checkpoint, "
         "`db.write(batch)`, then `db.flush_with_options(FlushOptions(flush_type=FlushType.WAL))` "
         "to upload the WAL at once, then `handle.await_durable()`: the checkpoint is in the "
         "bucket when it returns; otherwise SlateDB's default settings. *SlateDB, local store* "

@@ -40,9 +40,11 @@ def test_every_suite_runs_once_at_tiny_sizes(tmp_path: Path) -> None:
     expected += 3  # point in time: views, and the retention window (local, s3)
     expected += 2 + 3  # stream processors: Quix throughput (with, without changelogs), recovery
     expected += 1 + 3  # and Faust's throughput, recovery
-    # The anchors: statelog, shipped (with the lag sampler and without) and not; Litestream,
-    # and SlateDB on S3 and on its local store, when the `anchors` extra installed them.
-    expected += 3 + (shutil.which("litestream", path=str(Path(sys.executable).parent)) is not None)
+    # The anchors: statelog, shipped (with the lag sampler and without) and not; Litestream
+    # (with the sampler and without), and SlateDB on S3 and on its local store, when the
+    # `anchors` extra installed them.
+    lite = shutil.which("litestream", path=str(Path(sys.executable).parent)) is not None
+    expected += 3 + 2 * lite
     expected += 2 * slatedb_installed()
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
     cmd += ["benchmarks/", "--bench-size", "tiny", "--benchmark-disable", f"--basetemp={tmp_path}"]
@@ -309,9 +311,13 @@ def test_the_anchors_get_a_table_the_winners_and_a_plot(tmp_path: Path) -> None:
         _anchor("statelog", 600_000.0, 1.2, 0.7),
         _anchor("litestream", 60_000.0, 9.0, float("nan")),  # a restore that was not timed
         _anchor("slatedb", 20_000.0, 0.0, 150.0),
+        _anchor("statelog-unsampled", 900_000.0, float("nan"), 0.9),
+        _anchor("litestream-unsampled", 75_000.0, float("nan"), 2.0),
     ]
     text = render(doc, tmp_path)
     assert "- durable updates/s: statelog wins with 600.0 k/s" in text
+    assert "statelog's durable updates/s were 12.0x Litestream's" in text
+    assert "(*statelog* and *Litestream*), 10.0x, in this run" in text
     assert "- lag p99 s: SlateDB wins with 0.00" in text
     assert "![bench-anchors.png](bench-anchors.png)" in text
     assert (tmp_path / "bench-anchors.png").read_bytes().startswith(b"\x89PNG")
