@@ -166,17 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
         "after it and the log from it; with --retain, whichever keeps more (default: by "
         "count only). Local only: --remote-retain-for is the remote's",
     )
-    p.add_argument("--level", type=_bounded(1, int), default=3, help="zstd level, 1-22 (3)")
-    p.add_argument(
-        "--pass-nice",
-        type=_bounded(0, int),
-        default=0,
-        metavar="N",
-        help="run the passes (folding, merging, retention: the daemon's main thread) N nice "
-        "levels below the daemon, 0-19; the shipping thread and the metrics server keep its "
-        "priority, so on a host whose cores are busy the writer and shipping come first and "
-        "the passes take the CPU left, at the cost of a longer log tail (default 0: same)",
-    )
+    _add_pass_options(p)
     add_chain_options(p)
     p.add_argument(
         "--once",
@@ -199,6 +189,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_log_options(p)
     return p
+
+
+def _add_pass_options(p: argparse.ArgumentParser) -> None:
+    """``--level`` and ``--pass-nice``: what a pass writes with, and at what priority."""
+    p.add_argument("--level", type=_bounded(1, int), default=3, help="zstd level, 1-22 (3)")
+    p.add_argument(
+        "--pass-nice",
+        type=_bounded(0, int),
+        default=0,
+        metavar="N",
+        help="run the passes (folding, merging, retention: the daemon's main thread) N nice "
+        "levels below the daemon, 0-19; the shipping thread and the metrics server keep its "
+        "priority, so on a host whose cores are busy the writer and shipping come first and "
+        "the passes take the CPU left, at the cost of a longer log tail (default 0: same)",
+    )
 
 
 def _add_log_options(p: argparse.ArgumentParser) -> None:
