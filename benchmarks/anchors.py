@@ -39,7 +39,7 @@ from statelog.remote import RemoteClient, restore
 from tests.s3server import S3Server
 
 __all__ = ["run_litestream", "run_litestream_unsampled", "run_statelog", "run_statelog_unsampled"]
-__all__ += ["run_statelog_nice", "run_statelog_unshipped", "run_statelog_unshipped_nice"]
+__all__ += ["run_statelog_unshipped"]
 
 VALUE = b"v" * 100
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,33 +146,22 @@ def _statelog_checkpoints(
     return n, time.monotonic() - started
 
 
-PASS_NICE = 10
-"""``statelog-compactor --pass-nice`` of the ``-nice`` runs: the passes below the writer
-and the shipping thread."""
-
-
-def _daemon(
-    store_dir: Path, env: dict[str, str], url: str | None, nice: int = 0
-) -> subprocess.Popen[bytes]:
-    """``statelog-compactor`` on ``store_dir``, shipping to ``url`` (None: compacting only),
-    its passes ``nice`` levels below it."""
+def _daemon(store_dir: Path, env: dict[str, str], url: str | None) -> subprocess.Popen[bytes]:
+    """``statelog-compactor`` on ``store_dir``, shipping to ``url`` (None: compacting only)."""
     ship = [] if url is None else ["--remote", url, "--max-ship-lag", "1s"]
     return subprocess.Popen(
         [sys.executable, "-m", "compactor", *ship, "--interval", "5",
-         "--min-tail-bytes", "4MiB", "--pass-nice", str(nice), str(store_dir)],
+         "--min-tail-bytes", "4MiB", str(store_dir)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
 
-def run_statelog_unshipped(
-    s3: S3Server, work: Path, keys: int, seconds: float, *, nice: int = 0
-) -> dict[str, Any]:
+def run_statelog_unshipped(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[str, Any]:
     """statelog's side with nothing shipping (the same daemon, compacting only): what
     shipping costs the writer's throughput."""
-    system = "statelog-unshipped" + ("-nice" if nice else "")
-    store_dir = work / system
+    store_dir = work / "statelog-unshipped"
     _load_statelog(store_dir, keys)
-    daemon = _daemon(store_dir, dict(os.environ), None, nice)
+    daemon = _daemon(store_dir, dict(os.environ), None)
     acks = _Acks()
     try:
         with statelog.open(store_dir) as st:
@@ -181,7 +170,7 @@ def run_statelog_unshipped(
     finally:
         daemon.terminate()
         daemon.wait(60)
-    return _result(system, keys, n, elapsed, acks, 0, 0, float("nan"), n)
+    return _result("statelog-unshipped", keys, n, elapsed, acks, 0, 0, float("nan"), n)
 
 
 def run_statelog_unsampled(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[str, Any]:
@@ -190,30 +179,18 @@ def run_statelog_unsampled(s3: S3Server, work: Path, keys: int, seconds: float) 
     return run_statelog(s3, work, keys, seconds, sampled=False)
 
 
-def run_statelog_nice(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[str, Any]:
-    """:func:`run_statelog_unsampled` with the daemon's passes at :data:`PASS_NICE`."""
-    return run_statelog(s3, work, keys, seconds, sampled=False, nice=PASS_NICE)
-
-
-def run_statelog_unshipped_nice(
-    s3: S3Server, work: Path, keys: int, seconds: float
-) -> dict[str, Any]:
-    """:func:`run_statelog_unshipped` with the daemon's passes at :data:`PASS_NICE`."""
-    return run_statelog_unshipped(s3, work, keys, seconds, nice=PASS_NICE)
-
-
 def run_statelog(
-    s3: S3Server, work: Path, keys: int, seconds: float, *, sampled: bool = True, nice: int = 0
+    s3: S3Server, work: Path, keys: int, seconds: float, *, sampled: bool = True
 ) -> dict[str, Any]:
     """statelog shipping to a new bucket, its lag sampled (unless not ``sampled``), then
     restored; the result dict of :func:`_result` and the restore's tail and bytes."""
-    system = ("statelog" if sampled else "statelog-unsampled") + ("-nice" if nice else "")
+    system = "statelog" if sampled else "statelog-unsampled"
     bucket = s3.new_bucket()
     url = f"s3://{bucket}/statelog"
     env = {**os.environ, **s3.env()}
     store_dir = work / system
     _load_statelog(store_dir, keys)
-    daemon = _daemon(store_dir, env, url, nice)
+    daemon = _daemon(store_dir, env, url)
     acks = _Acks()
     client = RemoteClient.from_url(url, env=s3.env())
     loads = -(-keys // 100_000)

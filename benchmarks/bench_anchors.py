@@ -25,10 +25,8 @@ from .anchors import (
     run_litestream,
     run_litestream_unsampled,
     run_statelog,
-    run_statelog_nice,
     run_statelog_unsampled,
     run_statelog_unshipped,
-    run_statelog_unshipped_nice,
 )
 from .conftest import Sizes
 
@@ -55,8 +53,6 @@ def _slatedb_local(s3: S3Server, work: Path, keys: int, seconds: float) -> dict[
 _RUNS = {
     "statelog": run_statelog, "statelog-unsampled": run_statelog_unsampled,
     "statelog-unshipped": run_statelog_unshipped,
-    "statelog-unsampled-nice": run_statelog_nice,
-    "statelog-unshipped-nice": run_statelog_unshipped_nice,
     "litestream": run_litestream, "litestream-unsampled": run_litestream_unsampled,
     "slatedb": run_slatedb, "slatedb-local": _slatedb_local,
 }  # fmt: skip

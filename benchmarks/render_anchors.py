@@ -164,39 +164,6 @@ def _notes(runs: dict[str, Doc]) -> list[str]:
     return out
 
 
-def _nice_table(runs: dict[str, Doc]) -> list[str]:
-    """The daemon's passes at its priority and at ``--pass-nice``: shipping's cost to the
-    writer, and what the passes left behind for the restore."""
-    pairs = [
-        ("passes at the daemon's priority (default)", "statelog-unsampled", "statelog-unshipped"),
-        ("`--pass-nice 10`", "statelog-unsampled-nice", "statelog-unshipped-nice"),
-    ]
-    rows = []
-    for label, on_key, off_key in pairs:
-        on, off = runs.get(on_key), runs.get(off_key)
-        if on is None or off is None:
-            continue
-        share = ratio(on["updates_per_s"], off["updates_per_s"])
-        tail = on.get("restore_tail_commits")
-        rows.append(
-            f"{label} | {rate(on['updates_per_s'])} | {rate(off['updates_per_s'])} | "
-            f"{share:.2f}x | {'-' if tail is None else f'{tail:,}'} | "
-            f"{_secs(float(on['restore_seconds']))}"
-        )
-    if len(rows) < 2:
-        return []
-    head = (
-        "daemon | shipped: durable updates/s | not shipped | shipped / not shipped | "
-        "restore: checkpoints of log after its snapshot | restore s"
-    )
-    return [
-        "The daemon's passes below the writer and the shipping thread "
-        "(`statelog-compactor --pass-nice 10`), against the same daemon at its own "
-        "priority; every run here without a sampler:",
-        table(head, rows, "lrrrrr"),
-    ]
-
-
 def anchors_section(doc: Doc) -> list[str]:
     """statelog shipping to S3 against SQLite with Litestream and against SlateDB."""
     runs = {
@@ -256,5 +223,4 @@ def anchors_section(doc: Doc) -> list[str]:
             )
         )
     out.extend(_notes(runs))
-    out.extend(_nice_table(runs))
     return out

@@ -23,8 +23,7 @@ Life of the daemon, in order:
    local retention never deletes a segment the remote lacks, and a ship
    that fails fails the pass before it compacts); and a thread ships every
    store every quarter ``--max-ship-lag`` beside the passes
-   (:class:`compactor.shipping.ShipLoop`; with ``--pass-nice N`` the passes
-   run N nice levels below it). Then sleep ``--interval``
+   (:class:`compactor.shipping.ShipLoop`). Then sleep ``--interval``
    seconds, unless some pass of the round wrote a snapshot: the writer may
    have sealed more log meanwhile, so the next round starts at once, and a
    busy store is folded back to back instead of an interval apart. A pass
@@ -52,7 +51,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import warnings
 from collections.abc import Sequence
 from datetime import timedelta
@@ -177,37 +175,16 @@ def _run(
             full_ratio=args.full_ratio, once=args.once, remote=args.remote,
             remote_retain=args.remote_retain, remote_retain_for=_seconds(args.remote_retain_for),
             max_ship_lag=_seconds(args.max_ship_lag) if args.remote else None,
-            pass_nice=args.pass_nice,
         ),
     )  # fmt: skip
     shipper = None if client is None else ShipLoop(args, files, client, lambda: list(locks))
     if shipper is not None:
         shipper.start()
-    _lower_passes(args.pass_nice)  # after the shipping thread started: it keeps its priority
     try:
         return _rounds(args, stores, files, locks, shipper)
     finally:
         if shipper is not None:
             shipper.stop()
-
-
-def _lower_passes(levels: int) -> None:
-    """Lower this thread's CPU priority by ``levels`` nice levels (at most to 19).
-
-    On Linux a nice value belongs to a thread, and a thread started later inherits
-    its starter's: the passes, and the threads they start, run lower; the threads
-    already running (shipping, metrics) do not. Raising it back would need a
-    privilege, so it is lowered once, for the daemon's life. Where the system
-    refuses, the passes keep the daemon's priority (logged).
-    """
-    if not levels:
-        return
-    tid = threading.get_native_id()
-    try:
-        now = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + levels))
-    except OSError as exc:
-        log.warning("%s", kv(event="pass_nice_refused", error=exc.strerror or str(exc)))
 
 
 def _rounds(

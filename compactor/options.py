@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
         "after it and the log from it; with --retain, whichever keeps more (default: by "
         "count only). Local only: --remote-retain-for is the remote's",
     )
-    _add_pass_options(p)
+    p.add_argument("--level", type=_bounded(1, int), default=3, help="zstd level, 1-22 (3)")
     add_chain_options(p)
     p.add_argument(
         "--once",
@@ -189,21 +189,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_log_options(p)
     return p
-
-
-def _add_pass_options(p: argparse.ArgumentParser) -> None:
-    """``--level`` and ``--pass-nice``: what a pass writes with, and at what priority."""
-    p.add_argument("--level", type=_bounded(1, int), default=3, help="zstd level, 1-22 (3)")
-    p.add_argument(
-        "--pass-nice",
-        type=_bounded(0, int),
-        default=0,
-        metavar="N",
-        help="run the passes (folding, merging, retention: the daemon's main thread) N nice "
-        "levels below the daemon, 0-19; the shipping thread and the metrics server keep its "
-        "priority, so on a host whose cores are busy the writer and shipping come first and "
-        "the passes take the CPU left, at the cost of a longer log tail (default 0: same)",
-    )
 
 
 def _add_log_options(p: argparse.ArgumentParser) -> None:
@@ -238,8 +223,6 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, RemoteCl
         args.log_level = "WARNING"
     if args.level > 22:
         parser.error(f"--level {args.level}: zstd levels go up to 22")
-    if args.pass_nice > 19:
-        parser.error(f"--pass-nice {args.pass_nice}: nice levels go up to 19")
     if args.remote_retain is not None and args.remote is None:
         parser.error("--remote-retain needs --remote")
     if args.remote_retain_for is not None and args.remote is None:

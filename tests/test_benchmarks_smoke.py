@@ -44,7 +44,7 @@ def test_every_suite_runs_once_at_tiny_sizes(tmp_path: Path) -> None:
     # (with the sampler and without), and SlateDB on S3 and on its local store, when the
     # `anchors` extra installed them.
     lite = shutil.which("litestream", path=str(Path(sys.executable).parent)) is not None
-    expected += 5 + 2 * lite  # statelog's shipped and unshipped also with --pass-nice
+    expected += 3 + 2 * lite
     expected += 2 * slatedb_installed()
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
     cmd += ["benchmarks/", "--bench-size", "tiny", "--benchmark-disable", f"--basetemp={tmp_path}"]
@@ -313,16 +313,11 @@ def test_the_anchors_get_a_table_the_winners_and_a_plot(tmp_path: Path) -> None:
         _anchor("slatedb", 20_000.0, 0.0, 150.0),
         _anchor("statelog-unsampled", 900_000.0, float("nan"), 0.9),
         _anchor("litestream-unsampled", 75_000.0, float("nan"), 2.0),
-        _anchor("statelog-unshipped", 1_000_000.0, float("nan"), float("nan")),
-        _anchor("statelog-unsampled-nice", 950_000.0, float("nan"), 1.5),
-        _anchor("statelog-unshipped-nice", 1_000_000.0, float("nan"), float("nan")),
     ]
     text = render(doc, tmp_path)
     assert "- durable updates/s: statelog wins with 600.0 k/s" in text
     assert "statelog's durable updates/s were 12.0x Litestream's" in text
     assert "(*statelog* and *Litestream*), 10.0x, in this run" in text
-    assert "| `--pass-nice 10` | 950.0 k/s | 1.00 M/s | 0.95x | - | 1.50 |" in text
-    assert "Litestream, no sampler" in text and "unsampled-nice" not in text
     assert "- lag p99 s: SlateDB wins with 0.00" in text
     assert "![bench-anchors.png](bench-anchors.png)" in text
     assert (tmp_path / "bench-anchors.png").read_bytes().startswith(b"\x89PNG")

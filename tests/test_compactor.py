@@ -548,38 +548,3 @@ def test_zombie_segment_right_after_the_base_snapshot_is_not_folded(
             zombie,
             0,
         )
-
-
-def _nice_of_threads(pid: int) -> dict[int, int]:
-    """Each thread of ``pid``: its nice value (``/proc/PID/task/TID/stat`` field 19)."""
-    out = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        stat = (task / "stat").read_text()
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        out[int(task.name)] = int(fields[16])
-    return out
-
-
-@pytest.mark.parametrize("nice", [0, 7])
-def test_pass_nice_lowers_the_passes_and_not_the_shipping_thread(
-    store_path: Path, tmp_path: Path, nice: int
-) -> None:
-    with statelog.open(store_path, segment_bytes=SEG) as s:
-        commits(s, 1, 40)
-    url = f"file://{tmp_path / 'replica'}"
-    args = ["--interval", "60", "--min-tail-bytes", "0", "--remote", url]
-    daemon = start_daemon(*args, "--pass-nice", str(nice), store_path)
-    try:
-        seen = wait_for(daemon, "reason=nothing_new")
-        assert f"pass_nice={nice}" in seen
-        threads = _nice_of_threads(daemon.pid)
-        assert threads.pop(daemon.pid) == nice  # the main thread: the passes
-        assert threads and set(threads.values()) == {0}, threads  # shipping among them
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        assert daemon.wait(timeout=10) == 0
-
-
-def test_pass_nice_above_19_is_refused(store_path: Path) -> None:
-    done = run_cli("--once", "--pass-nice", "20", store_path)
-    assert done.returncode == 3 and "--pass-nice 20" in done.stderr

@@ -70,7 +70,9 @@ def test_the_overlay_counts_the_log_bytes_of_what_no_snapshot_folded(store_path:
         while store._state.overlay_bytes >= before and time.monotonic() < deadline:
             time.sleep(0.02)
         assert store._state.overlay_bytes < before  # the swap took the folded part off
-        assert store._state.overlay_bytes == sum(g.record_bytes for g in store._state.generations)
+        assert store._state.overlay_bytes == sum(
+            g.record_bytes for g in store._state.generations
+        )
 
 
 def test_a_commit_at_the_bound_without_a_compactor_stalls_and_writes_nothing(

@@ -207,9 +207,8 @@ def test_one_standby_per_copy(tmp_path: Path) -> None:
             statelog.open(tmp_path / "copy", follow=tmp_path / "src")
         with pytest.raises(statelog.StoreLockedError):
             statelog.open(tmp_path / "copy")
-    with (
-        statelog.open(tmp_path / "src", readonly=True) as ro,
-        pytest.raises(statelog.InvalidOptionError),
+    with statelog.open(tmp_path / "src", readonly=True) as ro, pytest.raises(
+        statelog.InvalidOptionError
     ):
         ro.promote()
 
@@ -554,7 +553,9 @@ def test_a_look_reads_only_what_the_live_segment_gained(
 
 
 @pytest.mark.parametrize("seal", [False, True], ids=["live", "sealed-since"])
-def test_a_source_that_lost_its_unsynced_tail_replaces_the_copy(tmp_path: Path, seal: bool) -> None:
+def test_a_source_that_lost_its_unsynced_tail_replaces_the_copy(
+    tmp_path: Path, seal: bool
+) -> None:
     """Power loss took the source's last records after the standby copied them; its writer
     then committed others in their place: the copy takes the source's log, never a mix."""
     from statelog.log.reader import scan_segment

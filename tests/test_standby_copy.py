@@ -106,9 +106,8 @@ def test_a_running_standby_keeps_writers_out_by_its_lock(tmp_path: Path) -> None
     src, copy = tmp_path / "src", tmp_path / "copy"
     with statelog.open(src, **SMALL) as w:
         commit_range(w, 1, 5)
-    with (
-        statelog.open(copy, follow=src, follow_poll=MANUAL),
-        pytest.raises(statelog.StoreLockedError),
+    with statelog.open(copy, follow=src, follow_poll=MANUAL), pytest.raises(
+        statelog.StoreLockedError
     ):
         statelog.open(copy)
 
