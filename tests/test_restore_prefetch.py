@@ -18,6 +18,14 @@ And :class:`Prefetch` itself, against a staging stand-in:
 | an unused segment cannot be removed               | OSError (unless the restore fails anyway)  |
 | two entries name one local file                   | nothing fetched ahead                      |
 | no thread can be started                          | fetched in the caller's thread             |
+| the second thread cannot be started (the pool     | nothing left behind; from then on each is  |
+| queued its download already)                      | fetched once, in the caller's thread; a    |
+|                                                   | restore is exact, or stops at the damage   |
+| interrupted inside the pool's shutdown, after it  | close() returns: no download is waited for |
+| took a queued download off its queue              | forever                                    |
+
+And a download finding a temp file of its name already there refuses, and leaves that
+file as it is.
 """
 
 from __future__ import annotations
@@ -193,3 +201,117 @@ def test_without_a_thread_it_fetches_in_the_callers(
         for e in es:
             ahead.fetch(e)
     assert st.fetched == [(e.key, "MainThread") for e in es]
+
+
+# -- a second thread that cannot be started ---------------------------------------------
+
+
+def _second_fetch_thread_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool's second thread fails to start: the pool has queued its download already."""
+    real = threading.Thread.start
+    starts = []
+
+    def start(self: threading.Thread) -> None:
+        if self.name.startswith("statelog-fetch"):
+            starts.append(self.name)
+            if len(starts) == 2:
+                raise RuntimeError("can't start new thread")
+        real(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+
+
+def test_a_download_queued_by_a_failed_start_is_never_left_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _second_fetch_thread_fails(monkeypatch)
+    st, es = _Staging(tmp_path), _entries(4)
+    with Prefetch(st, es) as ahead:  # type: ignore[arg-type]
+        ahead.fetch(es[0])  # the restore stops here (its check refused es[0], say)
+    assert [p.name for p in tmp_path.iterdir()] == [es[0].name]
+    assert not _threads()
+
+
+def test_after_a_failed_start_each_segment_is_fetched_once_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _second_fetch_thread_fails(monkeypatch)
+    st, es = _Staging(tmp_path), _entries(4)
+    with Prefetch(st, es) as ahead:  # type: ignore[arg-type]
+        for e in es:
+            assert ahead.fetch(e) == tmp_path / e.name
+    assert sorted(p.name for p in tmp_path.iterdir()) == [e.name for e in es]
+    assert not _threads()
+
+
+@pytest.mark.parametrize("damaged", [None, 0])
+def test_a_restore_whose_second_thread_fails_to_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damaged: int | None
+) -> None:
+    url, src, objects = _shipped(tmp_path)
+    if damaged is not None:
+        flip_bit(objects[damaged], objects[damaged].stat().st_size // 2)
+    _second_fetch_thread_fails(monkeypatch)
+    seen = _downloads(monkeypatch, slow=objects[0].name)  # the queued one surely runs
+    got = restore(url, tmp_path / "dst", check=False)
+    if damaged is None:
+        assert got.epoch == 300 and state_of(tmp_path / "dst") == state_of(src)
+        assert _segments(tmp_path / "dst") == [p.name for p in objects]
+    else:
+        assert got.epoch == 0 and _segments(tmp_path / "dst") == []
+    assert seen and not list((tmp_path / "dst" / "wal").glob("*.tmp"))
+
+
+def test_an_interrupted_shutdown_leaves_no_download_neither_run_nor_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt inside the pool's shutdown, after it took a queued download off its
+    queue and before it cancelled it: that download must not be waited for forever."""
+    real = ThreadPoolExecutor.shutdown
+    calls = []
+
+    def interrupted(self: ThreadPoolExecutor, *a: Any, **kw: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            self._work_queue.get_nowait()  # type: ignore[attr-defined]
+            raise KeyboardInterrupt
+        real(self, *a, **kw)
+
+    monkeypatch.setattr(ThreadPoolExecutor, "shutdown", interrupted)
+    st, es = _Staging(tmp_path), _entries(6)
+    done = threading.Event()
+
+    def run() -> None:
+        with pytest.raises(KeyboardInterrupt), Prefetch(st, es, ahead=4) as ahead:  # type: ignore[arg-type]
+            ahead.fetch(es[0])  # 1 and 2 under way, 3 and 4 queued behind them
+            raise RuntimeError("the restore failed")
+        done.set()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert done.wait(10), "close() waits for a download that will never run"
+    assert [p.name for p in tmp_path.iterdir()] == [es[0].name]
+
+
+def test_a_download_removes_only_the_files_it_made(tmp_path: Path) -> None:
+    """A temp file already there (another download of the same name, a bug) is refused,
+    and left as it is."""
+    url, src, _objects = _shipped(tmp_path)
+    from statelog.remote import RemoteClient
+    from statelog.remote.checks import Confined
+    from statelog.remote.manifest import read_manifest
+    from statelog.storage.fileio import FileLayer
+    from statelog.storage.layout import StoreLayout
+
+    client = RemoteClient.from_url(url)
+    versioned = read_manifest(client, StoreLayout(src).read_identity(FileLayer()))
+    assert versioned is not None
+    e = next(x for x in versioned.manifest.objects if x.kind == "wal")
+    root = tmp_path / "staging"
+    (root / "wal").mkdir(parents=True)
+    (root / "snapshots").mkdir()
+    theirs = root / "wal" / (e.name + (".obj.tmp" if e.encoding else ".tmp"))
+    theirs.write_bytes(b"another download's")
+    with pytest.raises(FileExistsError):
+        staging_mod.download(client, Confined(root), FileLayer(), e)
+    assert theirs.read_bytes() == b"another download's"

@@ -77,10 +77,21 @@ class Prefetch:
                     break
         self._handed.add(e.key)
         started = self._started.get(e.key)
-        return started.result() if started is not None else self._st.fetch(e)
+        if started is None or started.cancelled():  # never started: see _start_next
+            return self._st.fetch(e)
+        return started.result()
 
     def _start_next(self) -> bool:
-        """Start the next download; False if no thread could be started (then none is)."""
+        """Start the next download; False if no thread could be started (then none runs).
+
+        The pool queues a download before it starts a thread for it, so when that start
+        fails the download is queued all the same, and a thread already running could
+        take it up untracked. Every download not handed out is then cancelled or waited
+        for, and that one's file removed: from then on each is fetched in the caller's
+        thread, as without this.
+
+        :raises OSError: that file could not be removed.
+        """
         e = self._entries[self._next]
         try:
             if self._pool is None:
@@ -88,11 +99,35 @@ class Prefetch:
                     max_workers=WORKERS, thread_name_prefix="statelog-fetch"
                 )
             self._started[e.key] = self._pool.submit(self._st.fetch, e)
-        except RuntimeError:  # no thread to be had: fetch in this one, as without this
+        except RuntimeError:  # no thread to be had
             self._ahead = 0
+            interrupted = self._drain()
+            self._st.remove(e)
+            if interrupted is not None:
+                raise interrupted from None
             return False
         self._next += 1
         return True
+
+    def _drain(self) -> BaseException | None:
+        """Cancel every download not handed out and wait for those under way, even through
+        interrupts (the first is returned): afterwards no thread of the pool runs.
+
+        Cancelling each first, rather than leaving it to the pool's shutdown, leaves no
+        download that an interrupted shutdown took off its queue neither run nor cancelled
+        (its result would never come).
+        """
+        interrupted: BaseException | None = None
+        unused = [f for key, f in self._started.items() if key not in self._handed]
+        while True:
+            try:
+                for f in unused:
+                    f.cancel()  # one under way is not stopped: the shutdown waits for it
+                if self._pool is not None:
+                    self._pool.shutdown(wait=True, cancel_futures=True)
+                return interrupted
+            except BaseException as exc:  # an interrupt: the threads must still end first
+                interrupted = interrupted or exc
 
     def close(self, *, failing: bool = False) -> None:
         """Wait for the downloads under way, cancel the rest, and remove what was fetched
@@ -103,13 +138,7 @@ class Prefetch:
         :raises OSError: an unused segment could not be removed (the copy would hold a
             segment after the one the restore stopped at), unless ``failing``.
         """
-        interrupted: BaseException | None = None
-        while self._pool is not None:
-            try:
-                self._pool.shutdown(wait=True, cancel_futures=True)
-                break
-            except BaseException as exc:  # an interrupt: the thread must still end first
-                interrupted = interrupted or exc
+        interrupted = self._drain()
         for key, f in self._started.items():
             if key in self._handed or f.cancelled():
                 continue

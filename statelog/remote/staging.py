@@ -100,9 +100,12 @@ def download(client: RemoteClient, root: Confined, files: FileLayer, e: Entry) -
     dest = root.path(sub, e.name)
     tmp = root.path(sub, dest.name + ".tmp")
     raw = root.path(sub, dest.name + ".obj.tmp") if e.encoding else tmp
+    made: list[Path] = []  # only what this call created is removed: never another's file
     try:
         flags = _CREATE_RW if e.encoding else _CREATE  # an encoded object is read back
-        with os.fdopen(os.open(raw, flags, 0o644), "w+b" if e.encoding else "wb") as out:
+        fd = os.open(raw, flags, 0o644)
+        made.append(raw)
+        with os.fdopen(fd, "w+b" if e.encoding else "wb") as out:
             got, attrs = client.get_into(e.key, out, size=e.size)
             if got != e.sha256:
                 raise RemoteIntegrityError(
@@ -112,7 +115,9 @@ def download(client: RemoteClient, root: Confined, files: FileLayer, e: Entry) -
                 raise RemoteIntegrityError(e.key, "the object's sha256 metadata disagrees")
             if e.encoding:
                 out.seek(0)
-                with os.fdopen(os.open(tmp, _CREATE, 0o644), "wb") as decoded:
+                fd = os.open(tmp, _CREATE, 0o644)
+                made.append(tmp)
+                with os.fdopen(fd, "wb") as decoded:
                     decode_object(e.key, out, decoded, size=e.file_size, sha256=e.file_sha256)
                     decoded.flush()
                     os.fsync(decoded.fileno())
@@ -120,12 +125,10 @@ def download(client: RemoteClient, root: Confined, files: FileLayer, e: Entry) -
                 out.flush()
                 os.fsync(out.fileno())
         files.rename(tmp, root.path(sub, dest.name))
-    except BaseException:
-        files.remove(tmp)
-        raise
+        made.remove(tmp)
     finally:
-        if e.encoding:
-            files.remove(raw)
+        for path in made:
+            files.remove(path)
     files.fsync_dir(dest.parent)
     return dest
 
