@@ -107,7 +107,8 @@ def apply_retention(
         tests and tools that replay a decision.
     :param hashed_since: a reading of :func:`~statelog.storage.whole_checks.now`
         taken before this pass read anything: a full snapshot this process hashed
-        after it (the pass's :func:`~statelog.compaction.verdicts.hash_ahead`)
+        after it, read back from the file (the pass's read-ahead,
+        :mod:`statelog.compaction.read_ahead`),
         counts as read again (default: every one is read now).
 
     :raises InvalidOptionError: ``retain`` is not an int >= 1, or ``retain_for``

@@ -34,7 +34,7 @@ from statelog.remote.staging import Staging
 __all__ = ["AHEAD", "WORKERS", "Prefetch"]
 
 AHEAD = 2
-"""Segments downloaded ahead of the one being checked: two keep the thread busy while
+"""Segments downloaded ahead of the one being checked: two keep the threads busy while
 a check runs, and bound what a restore that stops early fetched for nothing."""
 WORKERS = 2
 """Downloads run at once: decoding and hashing one segment is a core's work, so two

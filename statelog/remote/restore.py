@@ -25,7 +25,7 @@ leaves no half-restored store behind. Steps, in order:
    the log from LSN 1); nothing left: :class:`ResnapshotRequired`;
 4. download the segments that follow, each hash-checked and scanned whole
    (header, frames, chain from the previous one, its SEAL), in log order,
-   the next ones downloaded in a thread while one is checked
+   the next ones downloaded in two threads while one is checked
    (:mod:`.prefetch`: one fetched ahead and not used is removed). A damaged
    segment stops the restore at the last good epoch before it: later
    segments cannot be replayed without it and no older snapshot skips it.
