@@ -6,7 +6,8 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo crash-demo failover-demo broker test lint typecheck unit stress bench bench-quick clean
 
-$(STAMP): pyproject.toml
+# The C source too: an editable install builds the extension once, not on import.
+$(STAMP): pyproject.toml statelog/format/_exact.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
@@ -55,4 +56,5 @@ bench-quick: $(STAMP)
 	$(PY) -m benchmarks.render .benchmarks/quick.json --out docs/benchmarks.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks build
+	find statelog -name "*.so" -delete

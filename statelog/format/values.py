@@ -33,10 +33,11 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
-from itertools import chain
 from typing import Any
 
 import msgspec
+
+from statelog.format.exact import PLAIN_TYPES, plain_batch
 
 __all__ = [
     "EXT_DATE",
@@ -54,7 +55,6 @@ EXT_DATETIME = 1
 EXT_DATE = 2
 EXT_DECIMAL = 3
 
-_PLAIN = frozenset((int, str, float, bytes, bool, type(None)))
 VALUE_TYPES = "None, bool, int, float, str, bytes, list, tuple, dict, datetime, date, Decimal"
 """The stored value types, as the commit's error message names them."""
 
@@ -64,7 +64,7 @@ _MAX_EXT_TEXT = 64  # the longest isoformat() of a datetime is 32 characters
 def _convert(v: Any) -> Any:
     """``v`` with datetimes, dates and Decimals as extensions; a TypeError names what cannot be."""
     c = v.__class__
-    if c in _PLAIN:
+    if c in PLAIN_TYPES:
         return v
     if c is dict:
         return {_key(k): _convert(x) for k, x in v.items()}
@@ -80,7 +80,7 @@ def _convert(v: Any) -> Any:
 
 
 def _key(k: Any) -> Any:
-    if k.__class__ in _PLAIN:
+    if k.__class__ in PLAIN_TYPES:
         return k
     c = k.__class__
     raise TypeError(f"a map key of type {c.__module__}.{c.__qualname__} is not stored")
@@ -96,13 +96,9 @@ def encode_value(v: Any) -> bytes:
     :raises OverflowError: an int outside msgpack's range.
     :raises RecursionError: nesting too deep, or a cycle.
     """
-    if v.__class__ in _PLAIN:
+    if v.__class__ in PLAIN_TYPES:
         return _encode(v)
     return _encode(_convert(v))
-
-
-_plain_only = _PLAIN.issuperset
-_flatten = chain.from_iterable
 
 
 def encode_values(values: Sequence[Any]) -> list[bytes]:
@@ -110,30 +106,17 @@ def encode_values(values: Sequence[Any]) -> list[bytes]:
 
     A commit encodes every value it puts, so this is on the commit path. When
     every value is of a plain type, or every value is a dict whose keys and
-    values all are, the types are checked in C across the whole batch (a set
-    of types, no Python-level loop) and msgspec encodes each value as it is;
-    any other batch takes :func:`encode_value` per value.
+    values all are (one check of the whole batch:
+    :func:`statelog.format.exact.plain_batch`), msgspec encodes each value as
+    it is; any other batch takes :func:`encode_value` per value.
 
     :raises TypeError, OverflowError, RecursionError: as :func:`encode_value`,
         for the first value that fails.
     """
-    if _plain_batch(values):
-        return list(map(_encode, values))
-    return list(map(encode_value, values))
-
-
-def _plain_batch(values: Sequence[Any]) -> bool:
-    """Every value plain, or every value a dict of plain keys and plain values."""
-    if _plain_only(map(type, values)):
-        return True
-    if not {dict}.issuperset(map(type, values)):
-        return False
-    # Types, never the keys themselves, go in a set: an IntEnum member equals its int
-    # and a StrEnum member its str, so a set of keys could keep the plain one only.
-    keys = _flatten(values)  # a dict iterates its keys
-    return _plain_only(map(type, keys)) and _plain_only(
-        map(type, _flatten(map(dict.values, values)))
-    )
+    batch = values if type(values) is list else list(values)
+    if plain_batch(batch):
+        return list(map(_encode, batch))
+    return list(map(encode_value, batch))
 
 
 def _ext_hook(code: int, data: memoryview) -> Any:

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from statelog.errors import InvalidCommitError, InvalidOptionError
+from statelog.format.exact import plain_keys
 from statelog.format.limits import MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, table_name_problem
 from statelog.format.records import TableDelta, encode_value
 from statelog.format.values import VALUE_TYPES, encode_values
@@ -29,7 +30,6 @@ __all__ = [
     "table_delta",
 ]
 
-_KEY_TYPES = frozenset((str, bytes))
 ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
 """What msgspec raises for a value it cannot encode (RecursionError: cycles, deep nesting)."""
 
@@ -68,11 +68,9 @@ def _key(k: Any, table: str) -> Key:
 
 def _strict_keys(keys: Iterable[Any], table: str) -> list[Key]:
     out = list(keys)
-    # Checked in C (set of types, longest length); the per-key path runs only
-    # when some key needs converting, measuring or refusing.
-    if out and (
-        not _KEY_TYPES.issuperset(map(type, out)) or max(map(len, out)) > MAX_KEY_BYTES // 4
-    ):
+    # One check of the whole list; the per-key path runs only when some key
+    # needs converting, measuring or refusing.
+    if not plain_keys(out, MAX_KEY_BYTES // 4):
         out = [_key(k, table) for k in out]
     return out
 

@@ -1,0 +1,217 @@
+"""The commit path's exact-type checks: the C build and the Python reference agree.
+
+A batch these checks call plain is encoded by msgspec as it is, so a check
+that says plain for a subclass, a set or a bytearray would store a value that
+comes back as another type. Each row is a batch and the answer both
+implementations must give; Hypothesis then draws batches mixing plain and odd
+objects and compares the two.
+"""
+
+from __future__ import annotations
+
+import enum
+import subprocess
+import sys
+import uuid
+from collections import OrderedDict
+from datetime import date
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from statelog.format import exact, values
+from statelog.format.values import encode_value, encode_values
+
+
+class _Side(enum.IntEnum):
+    LEDGER = 1
+
+
+class _Tag(enum.StrEnum):
+    A = "a"
+
+
+class _Str(str):
+    pass
+
+
+class _Float(float):
+    pass
+
+
+class _Dict(dict[Any, Any]):
+    pass
+
+
+_ROW = {"id": 7, "side": "ledger", "amt": 1.5, "raw": b"x", "ok": None, "flag": True}
+
+# (batch, plain?)
+BATCHES: list[Any] = [
+    pytest.param([], True, id="empty"),
+    pytest.param([1, "a", 1.5, b"b", True, None, 2**64 - 1, -(2**63)], True, id="plain-values"),
+    pytest.param([dict(_ROW) for _ in range(5)], True, id="dicts-of-plain"),
+    pytest.param([{}, {}], True, id="empty-dicts"),
+    pytest.param([{1: "x", b"k": 2.0, None: None, 1.5: b"", False: 0}], True, id="plain-keys"),
+    pytest.param([1, {"a": 1}], False, id="a-plain-value-then-a-dict"),
+    pytest.param([{"a": 1}, 1], False, id="a-dict-then-a-plain-value"),
+    pytest.param([_Side.LEDGER], False, id="int-enum-value"),
+    pytest.param([_Tag.A], False, id="str-enum-value"),
+    pytest.param([_Str("x")], False, id="str-subclass-value"),
+    pytest.param([_Float(1.0)], False, id="float-subclass-value"),
+    pytest.param([bytearray(b"x")], False, id="bytearray-value"),
+    pytest.param([memoryview(b"x")], False, id="memoryview-value"),
+    pytest.param([(1, 2)], False, id="tuple-value"),
+    pytest.param([[1]], False, id="list-value"),
+    pytest.param([{"a": 1}, _Dict(a=1)], False, id="dict-subclass"),
+    pytest.param([OrderedDict(a=1)], False, id="ordered-dict"),
+    pytest.param([{"a": {"b": 1}}], False, id="nested-dict"),
+    pytest.param([{"a": [1]}], False, id="list-in-dict"),
+    pytest.param([{"a": {1}}], False, id="set-in-dict"),
+    pytest.param([{"a": date(2024, 1, 2)}], False, id="date-in-dict"),
+    pytest.param([{"a": Decimal(1)}], False, id="decimal-in-dict"),
+    pytest.param([{"a": uuid.UUID(int=1)}], False, id="uuid-in-dict"),
+    pytest.param([{1: "x"}, {_Side.LEDGER: "y"}], False, id="enum-key-equal-to-a-plain-key"),
+    pytest.param([{"a": 1}, {_Tag.A: 1}], False, id="str-enum-key-equal-to-a-plain-key"),
+    pytest.param([{(1, 2): 1}], False, id="tuple-key"),
+    pytest.param([dict(_ROW) for _ in range(99)] + [{"x": _Side.LEDGER}], False, id="last-of-100"),
+]
+
+IMPLEMENTATIONS = [
+    pytest.param(exact.plain_batch_py, id="python"),
+    pytest.param(exact.plain_batch, id="built"),
+]
+
+
+def test_the_c_checks_are_built() -> None:
+    """`make` builds them on a machine with a C compiler; a missing build would
+    leave every commit on the slower Python checks without a word."""
+    assert exact.ACCELERATED, "statelog/format/_exact.c was not built: reinstall with a compiler"
+
+
+@pytest.mark.parametrize("check", IMPLEMENTATIONS)
+@pytest.mark.parametrize("batch,plain", BATCHES)
+def test_a_batch_is_plain_only_when_every_object_is_of_an_exact_plain_type(
+    check: Any, batch: list[Any], plain: bool
+) -> None:
+    assert check(batch) is plain
+
+
+KEYS: list[Any] = [
+    pytest.param([], 4, True, id="empty"),
+    pytest.param(["abcd", b"abcd", ""], 4, True, id="at-the-limit"),
+    pytest.param(["abcde"], 4, False, id="str-over-the-limit"),
+    pytest.param([b"abcde"], 4, False, id="bytes-over-the-limit"),
+    pytest.param(["\U0001f600" * 4], 4, True, id="characters-not-bytes"),
+    pytest.param([_Str("a")], 4, False, id="str-subclass"),
+    pytest.param([_Tag.A], 4, False, id="str-enum"),
+    pytest.param([bytearray(b"a")], 4, False, id="bytearray"),
+    pytest.param(["a", 1], 4, False, id="int"),
+    pytest.param(["a", None], 4, False, id="none"),
+]
+
+
+@pytest.mark.parametrize("check", [exact.plain_keys_py, exact.plain_keys])
+@pytest.mark.parametrize("keys,max_len,plain", KEYS)
+def test_keys_are_plain_only_when_exact_str_or_bytes_within_the_length(
+    check: Any, keys: list[Any], max_len: int, plain: bool
+) -> None:
+    assert check(keys, max_len) is plain
+
+
+def test_the_built_checks_take_only_a_list() -> None:
+    with pytest.raises(TypeError):
+        exact.plain_batch((1, 2))  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        exact.plain_keys(("a",), 4)  # type: ignore[arg-type]
+
+
+_odd = st.sampled_from(
+    [
+        _Side.LEDGER,
+        _Tag.A,
+        _Str("s"),
+        _Float(2.0),
+        bytearray(b"b"),
+        (1,),
+        [1],
+        {2},
+        date(2000, 1, 1),
+    ]
+)
+_plain = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(),
+    st.text(max_size=4),
+    st.binary(max_size=4),
+)
+_key = st.one_of(_plain, st.sampled_from([_Side.LEDGER, _Tag.A, _Str("k"), (1, 2)]))
+_dicts = st.dictionaries(_key.filter(lambda k: k == k), st.one_of(_plain, _odd), max_size=4)
+_batches = st.one_of(
+    st.lists(st.one_of(_plain, _odd), max_size=8),
+    st.lists(_dicts, max_size=8),
+    st.lists(st.one_of(_plain, _dicts), max_size=8),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_batches)
+def test_the_built_check_answers_as_the_python_one(batch: list[Any]) -> None:
+    assert exact.plain_batch(batch) is exact.plain_batch_py(batch)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=6), st.binary(max_size=6), _key), max_size=8))
+def test_the_built_key_check_answers_as_the_python_one(keys: list[Any]) -> None:
+    assert exact.plain_keys(keys, 4) is exact.plain_keys_py(keys, 4)
+
+
+@pytest.mark.parametrize("batch,plain", BATCHES)
+def test_a_commit_encodes_alike_with_either_check(
+    batch: list[Any], plain: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bytes or the error of a batch do not depend on which check ran."""
+
+    def outcome() -> Any:
+        try:
+            return encode_values(batch)
+        except (TypeError, OverflowError) as exc:
+            return type(exc)
+
+    built = outcome()
+    monkeypatch.setattr(values, "plain_batch", exact.plain_batch_py)
+    assert outcome() == built
+    if not isinstance(built, type):
+        assert built == [encode_value(v) for v in batch]
+
+
+def test_without_the_build_a_store_commits_on_the_python_checks(tmp_path: Path) -> None:
+    """A machine without a compiler installs statelog all the same: the import of the
+    C module fails, the Python checks answer, and a commit and its refusals work."""
+    script = """
+import sys
+sys.modules["statelog.format._exact"] = None  # as if it was never built
+import enum, statelog
+from statelog.format import exact
+assert not exact.ACCELERATED and exact.plain_batch is exact.plain_batch_py
+class Side(enum.IntEnum):
+    A = 1
+with statelog.open(sys.argv[1]) as s:
+    s.commit({"k": {"id": 1, "side": "a"}})
+    try:
+        s.commit({"j": {"side": Side.A}})
+    except statelog.InvalidCommitError:
+        pass
+    else:
+        raise SystemExit("an IntEnum value was stored")
+    assert s.get("k") == {"id": 1, "side": "a"} and s.get("j") is None and s.epoch == 1
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "s")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
