@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import statelog
 from statelog.format import exact, values
 from statelog.format.values import encode_value, encode_values
 
@@ -43,8 +44,39 @@ class _Float(float):
     pass
 
 
+class _Bytes(bytes):
+    pass
+
+
 class _Dict(dict[Any, Any]):
     pass
+
+
+class _List(list[Any]):
+    pass
+
+
+class _AnyEqual(type):
+    """A metaclass whose classes hash and compare equal to int: a check that looks a
+    type up by equality (``type(v) in {int, ...}``) takes them for int."""
+
+    def __hash__(cls) -> int:
+        return hash(int)
+
+    def __eq__(cls, other: object) -> bool:
+        return True
+
+
+class _SetLikeInt(set[Any], metaclass=_AnyEqual):
+    pass
+
+
+class _Disguised(set[Any]):
+    """A set that says it is an int when asked for ``__class__``."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return int
 
 
 _ROW = {"id": 7, "side": "ledger", "amt": 1.5, "raw": b"x", "ok": None, "flag": True}
@@ -62,6 +94,11 @@ BATCHES: list[Any] = [
     pytest.param([_Tag.A], False, id="str-enum-value"),
     pytest.param([_Str("x")], False, id="str-subclass-value"),
     pytest.param([_Float(1.0)], False, id="float-subclass-value"),
+    pytest.param([_Bytes(b"x")], False, id="bytes-subclass-value"),
+    pytest.param([_SetLikeInt({1})], False, id="type-equal-to-int"),
+    pytest.param([_Disguised({1})], False, id="class-attribute-says-int"),
+    pytest.param([{"a": _SetLikeInt({1})}], False, id="type-equal-to-int-in-dict"),
+    pytest.param([{"a": _Disguised({1})}], False, id="class-attribute-says-int-in-dict"),
     pytest.param([bytearray(b"x")], False, id="bytearray-value"),
     pytest.param([memoryview(b"x")], False, id="memoryview-value"),
     pytest.param([(1, 2)], False, id="tuple-value"),
@@ -77,6 +114,7 @@ BATCHES: list[Any] = [
     pytest.param([{1: "x"}, {_Side.LEDGER: "y"}], False, id="enum-key-equal-to-a-plain-key"),
     pytest.param([{"a": 1}, {_Tag.A: 1}], False, id="str-enum-key-equal-to-a-plain-key"),
     pytest.param([{(1, 2): 1}], False, id="tuple-key"),
+    pytest.param([{_Bytes(b"k"): 1}], False, id="bytes-subclass-key"),
     pytest.param([dict(_ROW) for _ in range(99)] + [{"x": _Side.LEDGER}], False, id="last-of-100"),
 ]
 
@@ -107,6 +145,7 @@ KEYS: list[Any] = [
     pytest.param([b"abcde"], 4, False, id="bytes-over-the-limit"),
     pytest.param(["\U0001f600" * 4], 4, True, id="characters-not-bytes"),
     pytest.param([_Str("a")], 4, False, id="str-subclass"),
+    pytest.param([_Bytes(b"a")], 4, False, id="bytes-subclass"),
     pytest.param([_Tag.A], 4, False, id="str-enum"),
     pytest.param([bytearray(b"a")], 4, False, id="bytearray"),
     pytest.param(["a", 1], 4, False, id="int"),
@@ -122,11 +161,14 @@ def test_keys_are_plain_only_when_exact_str_or_bytes_within_the_length(
     assert check(keys, max_len) is plain
 
 
-def test_the_built_checks_take_only_a_list() -> None:
+@pytest.mark.skipif(not exact.ACCELERATED, reason="the C checks were not built")
+@pytest.mark.parametrize("not_a_list", [(1, 2), _List(["a"])], ids=["tuple", "list-subclass"])
+def test_the_built_checks_take_only_a_list(not_a_list: Any) -> None:
+    """A list subclass could answer for its items other than its storage holds."""
     with pytest.raises(TypeError):
-        exact.plain_batch((1, 2))  # type: ignore[arg-type]
+        exact.plain_batch(not_a_list)
     with pytest.raises(TypeError):
-        exact.plain_keys(("a",), 4)  # type: ignore[arg-type]
+        exact.plain_keys(not_a_list, 4)
 
 
 _odd = st.sampled_from(
@@ -135,6 +177,9 @@ _odd = st.sampled_from(
         _Tag.A,
         _Str("s"),
         _Float(2.0),
+        _Bytes(b"b"),
+        _SetLikeInt({3}),
+        _Disguised({4}),
         bytearray(b"b"),
         (1,),
         [1],
@@ -150,7 +195,7 @@ _plain = st.one_of(
     st.text(max_size=4),
     st.binary(max_size=4),
 )
-_key = st.one_of(_plain, st.sampled_from([_Side.LEDGER, _Tag.A, _Str("k"), (1, 2)]))
+_key = st.one_of(_plain, st.sampled_from([_Side.LEDGER, _Tag.A, _Str("k"), _Bytes(b"k"), (1, 2)]))
 _dicts = st.dictionaries(_key.filter(lambda k: k == k), st.one_of(_plain, _odd), max_size=4)
 _batches = st.one_of(
     st.lists(st.one_of(_plain, _odd), max_size=8),
@@ -215,3 +260,46 @@ with statelog.open(sys.argv[1]) as s:
         [sys.executable, "-c", script, str(tmp_path / "s")], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+
+
+class _DisguisedKey(frozenset[Any]):
+    """A frozenset (hashable, so it can be a key) that says it is a str."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return str
+
+
+class _DisguisedInt(frozenset[Any]):
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return int
+
+
+@pytest.mark.parametrize(
+    "commit",
+    [
+        pytest.param({"put": {"k": _Disguised({1})}}, id="value-says-int"),
+        pytest.param({"put": {"k": _SetLikeInt({1})}}, id="value-type-equal-to-int"),
+        pytest.param({"put": {"k": {"f": _Disguised({1})}}}, id="field-says-int"),
+        pytest.param({"put": {"k": {_DisguisedKey({1}): 1}}}, id="field-key-says-str"),
+        pytest.param({"put": {_DisguisedKey({1}): 1}}, id="key-says-str"),
+        pytest.param({"delete": [_DisguisedKey({1})]}, id="deleted-key-says-str"),
+        pytest.param({"offsets": {"p0": _DisguisedInt({1})}}, id="offset-says-int"),
+        pytest.param({"low_watermark_ms": _DisguisedInt({1})}, id="watermark-says-int"),
+        pytest.param({"put": {"k": 1}, "table": _DisguisedKey({1})}, id="table-says-str"),
+    ],
+)
+def test_an_object_that_lies_about_its_type_is_refused_and_nothing_written(
+    tmp_path: Path, commit: dict[str, Any]
+) -> None:
+    """Types are read from the object itself, never from ``__class__`` or by equality:
+    a set stored as an int, or a frozenset as a key, would come back as something else,
+    or leave a record that recovery must refuse."""
+    with statelog.open(tmp_path / "s") as s:
+        s.commit({"before": 1}, offsets={"p0": 5}, low_watermark_ms=10)
+        with pytest.raises(statelog.InvalidCommitError):
+            s.commit(**commit)
+        assert (s.epoch, s.offsets, s.low_watermark_ms) == (1, {"p0": 5}, 10)
+    with statelog.open(tmp_path / "s", readonly=True) as ro:
+        assert ro.epoch == 1 and ro.get("before") == 1

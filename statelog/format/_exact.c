@@ -4,11 +4,12 @@
  * (statelog/format/values.py). The common batch holds only plain values, or
  * only dicts of plain keys and plain values, and checking the type of each of
  * its objects is the largest single cost of a commit when it runs as Python
- * iterators. These functions make the same decisions as the Python ones in
- * values.py and validate.py, which remain the reference and the fallback when
+ * iterators. These functions make the same decisions as plain_batch_py and
+ * plain_keys_py in exact.py, which remain the reference and the fallback when
  * this module was not built; a test holds the two to the same answers.
  *
- * Both functions only read object types and sizes: they call no Python code,
+ * Both functions only read object types and sizes: they call no Python code
+ * (types are compared by address, so no metaclass __eq__ or __hash__ runs),
  * allocate nothing and hold the GIL throughout, so no object they read can
  * change under them. Neither raises for the contents it reads; a False answer
  * sends the batch to the per-object path, which decides and names the error.
@@ -79,7 +80,12 @@ plain_keys(PyObject *module, PyObject *args)
     PyObject *keys;
     Py_ssize_t max_len, i, n;
 
-    if (!PyArg_ParseTuple(args, "O!n:plain_keys", &PyList_Type, &keys, &max_len)) {
+    if (!PyArg_ParseTuple(args, "On:plain_keys", &keys, &max_len)) {
+        return NULL;
+    }
+    if (!PyList_CheckExact(keys)) {
+        /* A subclass could answer for its items other than its storage holds. */
+        PyErr_SetString(PyExc_TypeError, "plain_keys() takes a list");
         return NULL;
     }
     n = PyList_GET_SIZE(keys);
@@ -89,10 +95,13 @@ plain_keys(PyObject *module, PyObject *args)
         Py_ssize_t len;
 
         if (t == &PyUnicode_Type) {
-            len = PyUnicode_GetLength(k);  /* readies a legacy string: may fail */
-            if (len < 0) {
-                return NULL;
+#if PY_VERSION_HEX < 0x030C0000
+            if (!PyUnicode_IS_READY(k)) {
+                /* A legacy string: readying it would allocate; the per-key path decides. */
+                Py_RETURN_FALSE;
             }
+#endif
+            len = PyUnicode_GET_LENGTH(k);
         }
         else if (t == &PyBytes_Type) {
             len = PyBytes_GET_SIZE(k);
@@ -113,12 +122,21 @@ static PyMethodDef exact_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyModuleDef_Slot exact_slots[] = {
+#ifdef Py_mod_multiple_interpreters
+    /* The module keeps no state, so each interpreter may have its own GIL. */
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+    {0, NULL},
+};
+
 static struct PyModuleDef exact_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "statelog.format._exact",
-    .m_doc = "The commit path's exact-type checks, in C (see statelog.format.values).",
+    .m_doc = "The commit path's exact-type checks, in C (see statelog.format.exact).",
     .m_size = 0,
     .m_methods = exact_methods,
+    .m_slots = exact_slots,
 };
 
 PyMODINIT_FUNC

@@ -55,7 +55,7 @@ def _utf8_len(s: str) -> int | None:
 
 def key_problem(key: Any) -> str | None:
     """Why ``key`` cannot be a stored key, or None: exactly ``str`` or ``bytes``, within limits."""
-    cls = key.__class__
+    cls = type(key)
     if cls is bytes:
         size = len(key)
     elif cls is str:
@@ -72,8 +72,8 @@ def key_problem(key: Any) -> str | None:
 
 def table_name_problem(name: Any) -> str | None:
     """Why ``name`` cannot name a table, or None: a non-empty ``str`` without NUL, within limits."""
-    if name.__class__ is not str:
-        return f"a table name must be a str, not {name.__class__.__name__}"
+    if type(name) is not str:
+        return f"a table name must be a str, not {type(name).__name__}"
     if not name:
         return "the table name is empty"
     if "\x00" in name:

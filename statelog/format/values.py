@@ -37,7 +37,7 @@ from typing import Any
 
 import msgspec
 
-from statelog.format.exact import PLAIN_TYPES, plain_batch
+from statelog.format.exact import PLAIN_TYPE_IDS, plain_batch
 
 __all__ = [
     "EXT_DATE",
@@ -63,8 +63,8 @@ _MAX_EXT_TEXT = 64  # the longest isoformat() of a datetime is 32 characters
 
 def _convert(v: Any) -> Any:
     """``v`` with datetimes, dates and Decimals as extensions; a TypeError names what cannot be."""
-    c = v.__class__
-    if c in PLAIN_TYPES:
+    c = type(v)  # never v.__class__, which an object may say anything for
+    if id(c) in PLAIN_TYPE_IDS:
         return v
     if c is dict:
         return {_key(k): _convert(x) for k, x in v.items()}
@@ -80,9 +80,9 @@ def _convert(v: Any) -> Any:
 
 
 def _key(k: Any) -> Any:
-    if k.__class__ in PLAIN_TYPES:
+    c = type(k)
+    if id(c) in PLAIN_TYPE_IDS:
         return k
-    c = k.__class__
     raise TypeError(f"a map key of type {c.__module__}.{c.__qualname__} is not stored")
 
 
@@ -96,7 +96,7 @@ def encode_value(v: Any) -> bytes:
     :raises OverflowError: an int outside msgpack's range.
     :raises RecursionError: nesting too deep, or a cycle.
     """
-    if v.__class__ in PLAIN_TYPES:
+    if id(type(v)) in PLAIN_TYPE_IDS:
         return _encode(v)
     return _encode(_convert(v))
 

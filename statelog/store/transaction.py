@@ -50,7 +50,7 @@ class Transaction:
         self._done = False
 
     def _table(self, table: str) -> dict[Key, Any]:
-        t = self._tables.get(table) if table.__class__ is str else None
+        t = self._tables.get(table) if type(table) is str else None
         if t is None:
             name = check_table_name(table)  # before hashing it: a list is no table name
             t = self._tables.get(name)

@@ -43,7 +43,8 @@ def check_key(k: Any, table: str) -> Key:
 
 
 def _key(k: Any, table: str) -> Key:
-    cls = k.__class__
+    # type(k), never k.__class__ or isinstance (which asks it): an object may say anything.
+    cls = type(k)
     if cls is str:
         if len(k) > MAX_KEY_BYTES // 4 and len(k.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
             raise InvalidCommitError(
@@ -56,10 +57,10 @@ def _key(k: Any, table: str) -> Key:
                 f"key {k[:40]!r}... in table {table!r} is over {MAX_KEY_BYTES} bytes"
             )
         return k  # type: ignore[no-any-return]
-    if isinstance(k, str):  # str subclasses (StrEnum, ...) are stored as plain str
+    if issubclass(cls, str):  # str subclasses (StrEnum, ...) are stored as plain str
         return _key(str.__str__(k), table)
-    if isinstance(k, bytes):
-        return _key(bytes(k), table)
+    if issubclass(cls, bytes):
+        return _key(bytes.__bytes__(k), table)
     raise InvalidCommitError(
         f"key {k!r} in table {table!r} is a {cls.__name__}; keys must be str or bytes",
         hint="convert the key to str or bytes; nothing was written",
@@ -81,7 +82,7 @@ def check_table_name(name: Any) -> str:
     :raises InvalidCommitError: not a str, empty, holding NUL or a lone
         surrogate, or over MAX_TABLE_NAME_BYTES in UTF-8.
     """
-    if name.__class__ is not str and isinstance(name, str):
+    if type(name) is not str and issubclass(type(name), str):
         name = str.__str__(name)  # str subclasses (StrEnum, ...) are stored as plain str
     why = table_name_problem(name)
     if why is not None:
@@ -156,12 +157,13 @@ def check_offsets(offsets: Any, current: Mapping[str, int]) -> dict[str, int]:
         )
     out: dict[str, int] = {}
     for part, off in offsets.items():
-        if not isinstance(part, str):
+        if not issubclass(type(part), str):
             raise InvalidCommitError(
                 f"partition {part!r} is not a str", hint="name partitions with str"
             )
-        if off.__class__ is not int and (not isinstance(off, int) or isinstance(off, bool)):
+        if not _is_int(off):
             raise InvalidCommitError(f"offset of partition {part!r} is {off!r}, not an int")
+        off = int.__index__(off)  # an int subclass's own comparisons never run
         if off < 0:
             raise InvalidCommitError(f"offset of partition {part!r} is negative ({off})")
         if off >= 1 << 63:
@@ -172,14 +174,15 @@ def check_offsets(offsets: Any, current: Mapping[str, int]) -> dict[str, int]:
                 f"offset of partition {part!r} goes backwards: {off} < committed {before}",
                 hint="offsets only advance; after a walk-back rewind the consumer to store.offsets",
             )
-        out[str.__str__(part)] = int(off)
+        out[str.__str__(part)] = off
     return out
 
 
 def check_watermark(wm: Any, current: int) -> int:
     """:raises InvalidCommitError: the watermark is not an int, is negative, or goes backwards."""
-    if wm.__class__ is not int and (not isinstance(wm, int) or isinstance(wm, bool)):
+    if not _is_int(wm):
         raise InvalidCommitError(f"low_watermark_ms is {wm!r}, not an int")
+    wm = int.__index__(wm)
     if wm < 0 or wm >= 1 << 63:
         raise InvalidCommitError(f"low_watermark_ms {wm} is out of range 0..2**63-1")
     if wm < current:
@@ -187,7 +190,13 @@ def check_watermark(wm: Any, current: int) -> int:
             f"low_watermark_ms goes backwards: {wm} < committed {current}",
             hint="the low watermark only advances; pass store.low_watermark_ms to keep it",
         )
-    return int(wm)
+    return wm  # type: ignore[no-any-return]
+
+
+def _is_int(v: Any) -> bool:
+    """An int or an int subclass other than bool, by the object's own type."""
+    t = type(v)
+    return t is int or (issubclass(t, int) and not issubclass(t, bool))
 
 
 def check_wait(epoch: Any, timeout: Any) -> float | None:
@@ -196,12 +205,12 @@ def check_wait(epoch: Any, timeout: Any) -> float | None:
     :raises InvalidOptionError: ``epoch`` is not an int, or ``timeout`` is
         neither None, a timedelta nor a number of seconds >= 0.
     """
-    if epoch.__class__ is not int:
+    if type(epoch) is not int:
         raise InvalidOptionError(f"epoch={epoch!r}", hint="an epoch that commit() returned")
     secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
     if secs is None:
         return None
-    if secs.__class__ not in (int, float) or not 0 <= secs < float("inf"):
+    if (type(secs) is not int and type(secs) is not float) or not 0 <= secs < float("inf"):
         raise InvalidOptionError(
             f"timeout={timeout!r}", hint="a timedelta or seconds >= 0, or None"
         )
