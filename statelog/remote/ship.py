@@ -9,17 +9,22 @@ One call (:func:`ship`), in this order:
    a stale generation is :class:`~statelog.errors.FencedError` before
    anything is uploaded;
 2. upload ``IDENTITY`` once, then each sealed segment in log order (one
-   zstd frame: :mod:`.encoding`), then each snapshot oldest first (a delta's
-   parent listed no later than the delta: :class:`.entry.Entry`).
+   zstd frame: :mod:`.encoding`), then (after step 3's first write) each
+   snapshot oldest first (a delta's parent listed no later than the delta:
+   :class:`.entry.Entry`).
    Every file is verified whole before it is read for upload (the segment
    scan, the snapshot hash): damage is never shipped. Each upload is a
    create (If-None-Match) of a key under this generation, carrying the
    SHA-256 of its bytes; a key that exists with the same hash is our own
    earlier upload and is adopted;
-3. one conditional manifest write (If-Match, fenced) lists the new objects;
-   until it lands they are invisible to restore. If it is refused because
-   the store was taken over, this call deletes what it uploaded and raises
-   FencedError;
+3. a conditional manifest write (If-Match, fenced) lists the new segments
+   as soon as they are uploaded, and another lists the new snapshots after
+   theirs: a snapshot a pass just wrote, megabytes to upload, never holds
+   back the sealed log (with no new segment, one write lists everything).
+   Until a write lands its objects are invisible to restore. If one is
+   refused because the store was taken over, this call deletes what it
+   uploaded since the last write that landed (a takeover that read that
+   version owns what it lists) and raises FencedError;
 4. ``remote.json`` is updated durably under its lock (temp, fsync, rename,
    fsync dir: :func:`.record.update_record`);
 5. optionally, remote retention (:mod:`.retention`).
@@ -275,12 +280,8 @@ def ship(
         up.put(keys.identity, identity, identity_sha)
     shipped: dict[str, Shipped] = dict(rec.files)
     now = int(time.time() * 1000)
-    try:
-        new, damaged = _upload(store, files, sid, rec, up, shipped, now)
-        result = commit(client, sid, gen, lambda cur: _with_entries(cur, new, identity_sha))
-    except FencedError:
-        _discard(client, up.uploaded)
-        raise
+    damaged: list[Path] = []
+    new, result = _publish(store, files, sid, rec, up, shipped, damaged, now, identity_sha)
 
     def record(cur: ShipRecord | None) -> ShipRecord:
         # Merged with what another process of this directory recorded meanwhile
@@ -307,39 +308,72 @@ def ship(
     return out
 
 
-def _upload(
+def _publish(
     store: Path,
     files: FileLayer,
     sid: uuid.UUID,
     rec: ShipRecord,
     up: Uploader,
     shipped: dict[str, Shipped],
+    damaged: list[Path],
     now: int,
-) -> tuple[list[Entry], list[Path]]:
-    """Upload the sealed segments, then the snapshots, that ``rec`` does not list as shipped.
+    identity_sha: str,
+) -> tuple[list[Entry], Manifest]:
+    """Steps 2 and 3: upload the new segments and list them, then the new snapshots.
 
-    Each file shipped (or found already there) is added to ``shipped``.
-    :returns: the manifest entries added, and the damaged files left behind.
+    :returns: the entries listed, and the manifest as the last write left it.
+    :raises FencedError: the store was taken over; what was uploaded since the last
+        write that landed was deleted again.
+    """
+    client, gen, done = up.client, up.gen, set(rec.files)
+    listed = 0  # how many of up.uploaded a manifest that landed lists: never discarded
+    try:
+        found = _segments(store, sid, gen, rec.adopted_through, done)
+        segs = _upload(found, WAL_DIR, up, shipped, damaged, now)
+        result = None
+        if segs:
+            # Listed before any snapshot is uploaded: a pass's snapshot upload never
+            # holds back what the writer sealed, so the recovery point stays the log's.
+            result = commit(client, sid, gen, lambda cur: _with_entries(cur, segs, identity_sha))
+            listed = len(up.uploaded)
+        found = _snapshots(store, files, sid, gen, done)
+        snaps = _upload(found, SNAPSHOT_DIR, up, shipped, damaged, now)
+        if snaps or result is None:
+            result = commit(client, sid, gen, lambda cur: _with_entries(cur, snaps, identity_sha))
+    except FencedError:
+        _discard(client, up.uploaded[listed:])
+        raise
+    return segs + snaps, result
+
+
+def _upload(
+    found: Iterator[tuple[Entry, bytes] | Path],
+    folder: str,
+    up: Uploader,
+    shipped: dict[str, Shipped],
+    damaged: list[Path],
+    now: int,
+) -> list[Entry]:
+    """Upload each file of ``found`` (the files of ``folder``) that is not shipped yet.
+
+    Each file shipped (or found already there) is added to ``shipped`` as
+    ``folder/name``, the way ``remote.json`` lists it; each damaged
+    file found is added to ``damaged``.
+    :returns: the manifest entries added.
     :raises FencedError: another generation owns the store.
     """
-    done = set(rec.files)
     new: list[Entry] = []
-    damaged: list[Path] = []
-    for kind, found in (
-        (WAL_DIR, _segments(store, sid, up.gen, rec.adopted_through, done)),
-        (SNAPSHOT_DIR, _snapshots(store, files, sid, up.gen, done)),
-    ):
-        for item in found:
-            if isinstance(item, Path):
-                damaged.append(item)
-                continue
-            e, data = item
-            added = up.entry(e, data)
-            if added is not None:
-                new.append(added)
-            listed = added or up.known[(e.kind, e.name)]
-            shipped[f"{kind}/{e.name}"] = Shipped(listed.key, listed.sha256, listed.size, now)
-    return new, damaged
+    for item in found:
+        if isinstance(item, Path):
+            damaged.append(item)
+            continue
+        e, data = item
+        added = up.entry(e, data)
+        if added is not None:
+            new.append(added)
+        listed = added or up.known[(e.kind, e.name)]
+        shipped[f"{folder}/{e.name}"] = Shipped(listed.key, listed.sha256, listed.size, now)
+    return new
 
 
 def _with_entries(cur: Manifest, new: list[Entry], identity_sha: str) -> Manifest:
