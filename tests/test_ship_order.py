@@ -7,6 +7,11 @@
 |                                          | bucket, the fenced snapshot uploads are deleted;|
 |                                          | the new owner's store restores                  |
 | a ship with segments and no snapshot     | one manifest write, as before                   |
+| a ship with snapshots and no segment     | one manifest write                              |
+| segments after a gap local retention left| listed with the snapshot that covers the gap:   |
+|                                          | no version restores to less than the one before |
+| a write that landed, its answer lost,    | FencedError; what the takeover's version lists  |
+|   then a takeover from that version      | stays                                           |
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ import pytest
 from compactor import compact
 from statelog.errors import FencedError
 from statelog.log.segments import list_segments
+from statelog.remote import publish as publish_module
 from statelog.remote import read_manifest, restore, ship
 from statelog.remote.client import RemoteClient
+from statelog.remote.errors import ConditionFailedError
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import WAL_DIR, StoreLayout
 from tests.s3server import Remote, remote, s3  # noqa: F401
@@ -50,6 +57,12 @@ def _on_first_snapshot_put(client: RemoteClient, then: Callable[[str], None]) ->
 
     client.put_new = spy  # type: ignore[method-assign]
     return seen
+
+
+def _last_epoch(remote: Remote, sid: Any) -> int:  # noqa: F811
+    got = read_manifest(remote.client(), sid)
+    assert got is not None
+    return got.manifest.last_epoch
 
 
 def _listed_segments(remote: Remote, store: Path) -> set[str]:  # noqa: F811
@@ -108,23 +121,105 @@ def test_a_takeover_during_the_snapshot_upload_keeps_the_listed_segments(
     assert got.epoch == 360
 
 
-def test_a_ship_of_segments_alone_writes_the_manifest_once(
-    tmp_path: Path,
-    remote: Remote,  # noqa: F811
-) -> None:
-    a = tmp_path / "a"
-    commit_range(a, 0, 120)
-    client = remote.client()
-    put_if_match, writes = client.put_if_match, []
+def _count_writes(
+    client: RemoteClient, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[str], list[str]]:
+    """The manifest writes (PUTs) of ``client``, and the ships' calls to write one."""
+    put_if_match, writes, calls = client.put_if_match, [], []
 
     def count(key: str, data: bytes, etag: str) -> str:
         writes.append(key)
         return put_if_match(key, data, etag)
 
+    def counted_commit(*args: Any, **kw: Any) -> Any:
+        calls.append("commit")
+        return real_commit(*args, **kw)
+
+    real_commit = publish_module.commit
     client.put_if_match = count  # type: ignore[method-assign]
+    monkeypatch.setattr(publish_module, "commit", counted_commit)
+    return writes, calls
+
+
+def test_a_ship_of_segments_alone_writes_the_manifest_once(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a = tmp_path / "a"
+    commit_range(a, 0, 120)
+    client = remote.client()
     ship(a, remote.url, client=client)
-    ship(a, remote.url, client=client)  # the first ship created the manifest; this one adds
     commit_range(a, 120, 180)
-    writes.clear()
+    writes, calls = _count_writes(client, monkeypatch)
     result = ship(a, remote.url, client=client)
-    assert result.uploaded and len(writes) == 1
+    assert result.uploaded and len(writes) == 1 and len(calls) == 1
+
+
+def test_a_ship_of_snapshots_alone_writes_the_manifest_once(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a = tmp_path / "a"
+    commit_range(a, 0, 120)
+    client = remote.client()
+    ship(a, remote.url, client=client)
+    compact(a, retain=5)  # a snapshot of log already shipped: nothing new but it
+    writes, calls = _count_writes(client, monkeypatch)
+    result = ship(a, remote.url, client=client)
+    assert any("/snapshots/" in k for k in result.uploaded)
+    assert len(writes) == 1 and len(calls) == 1
+
+
+def test_segments_after_a_gap_wait_for_the_snapshot_that_covers_it(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    """Local retention deleted log that was never shipped: the new segments alone would
+    follow a gap, and the snapshot before it would stop being a restore point."""
+    a = tmp_path / "a"
+    commit_range(a, 0, 200)
+    compact(a, retain=1)
+    ship(a, remote.url, client=remote.client(), retain=1)
+    sid = StoreLayout(a).read_identity(FileLayer())
+    before = read_manifest(remote.client(), sid)
+    assert before is not None and before.manifest.last_epoch == 200
+    commit_range(a, 200, 300)
+    compact(a, retain=1)  # deletes the log after 200, never shipped
+    commit_range(a, 300, 360)
+    seen: list[int] = []
+    client = remote.client()
+    _on_first_snapshot_put(client, lambda key: seen.append(_last_epoch(remote, sid)))
+    ship(a, remote.url, client=client)
+    assert seen and seen[0] >= 200, "a manifest restoring to less than before was written"
+    assert restore(remote.url, tmp_path / "c", client=remote.client()).epoch == 360
+
+
+def test_a_write_whose_answer_was_lost_before_a_takeover_keeps_what_it_listed(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    """The manifest write lands, the answer is lost, the store is taken over from that
+    version, and the retry is refused: the objects that version lists are the new
+    owner's and stay."""
+    a = tmp_path / "a"
+    commit_range(a, 0, 120)
+    ship(a, remote.url, client=remote.client())
+    commit_range(a, 120, 200)
+    client = remote.client()
+    put_if_match, b = client.put_if_match, tmp_path / "b"
+
+    def lost(key: str, data: bytes, etag: str) -> str:
+        put_if_match(key, data, etag)  # lands
+        restore(remote.url, b, client=remote.client(), take_over=True)
+        raise ConditionFailedError(key, "the answer was lost")
+
+    client.put_if_match = lost  # type: ignore[method-assign]
+    with pytest.raises(FencedError):
+        ship(a, remote.url, client=client)
+    m = read_manifest(remote.client(), StoreLayout(b).read_identity(FileLayer()))
+    assert m is not None and m.manifest.generation == 2
+    bucket = set(remote.object_keys())
+    assert all(f"shard/{e.key}" in bucket for e in m.manifest.objects), "a listed file was lost"
+    assert restore(remote.url, tmp_path / "c", client=remote.client()).epoch == 200

@@ -63,15 +63,13 @@ from statelog.remote.encoding import as_encoded, encode_segment
 from statelog.remote.entry import Entry
 from statelog.remote.errors import RemoteNotFoundError
 from statelog.remote.manifest import (
-    ENCODED_FORMAT,
     Manifest,
-    commit,
     create_first,
     created_by,
     read_manifest,
 )
-from statelog.remote.plan import plan_restore
 from statelog.remote.point import apply_cut
+from statelog.remote.publish import Published, publish
 from statelog.remote.record import Shipped, ShipRecord, load_record, origin_of, update_record
 from statelog.remote.retention import RemoteRetentionResult, check_retention, retain_after_ship
 from statelog.remote.upload import Uploader
@@ -258,7 +256,8 @@ def ship(
     :raises StoreNotFoundError: ``store`` holds no statelog store.
     :raises FencedError: another generation owns the store, or a segment of
         an older generation was written after this directory's takeover;
-        what this call uploaded was deleted again and the manifest is unchanged.
+        what this call uploaded since its last manifest write that landed was
+        deleted again (unless the current manifest lists it).
     :raises RemoteError: a request failed after its retries, or a key holds
         other bytes (``remote.json`` is unchanged; run again).
     :raises OSError: reading a local file or writing ``remote.json`` failed.
@@ -281,7 +280,13 @@ def ship(
     shipped: dict[str, Shipped] = dict(rec.files)
     now = int(time.time() * 1000)
     damaged: list[Path] = []
-    new, result = _publish(store, files, sid, rec, up, shipped, damaged, now, identity_sha)
+    done = set(rec.files)
+    new, result = publish(
+        up,
+        _segments(store, sid, gen, rec.adopted_through, done),
+        _snapshots(store, files, sid, gen, done),
+        Published(shipped, damaged, now, identity_sha),
+    )
 
     def record(cur: ShipRecord | None) -> ShipRecord:
         # Merged with what another process of this directory recorded meanwhile
@@ -306,91 +311,3 @@ def ship(
         out.last_epoch, len(damaged), out.seconds,
     )  # fmt: skip
     return out
-
-
-def _publish(
-    store: Path,
-    files: FileLayer,
-    sid: uuid.UUID,
-    rec: ShipRecord,
-    up: Uploader,
-    shipped: dict[str, Shipped],
-    damaged: list[Path],
-    now: int,
-    identity_sha: str,
-) -> tuple[list[Entry], Manifest]:
-    """Steps 2 and 3: upload the new segments and list them, then the new snapshots.
-
-    :returns: the entries listed, and the manifest as the last write left it.
-    :raises FencedError: the store was taken over; what was uploaded since the last
-        write that landed was deleted again.
-    """
-    client, gen, done = up.client, up.gen, set(rec.files)
-    listed = 0  # how many of up.uploaded a manifest that landed lists: never discarded
-    try:
-        found = _segments(store, sid, gen, rec.adopted_through, done)
-        segs = _upload(found, WAL_DIR, up, shipped, damaged, now)
-        result = None
-        if segs:
-            # Listed before any snapshot is uploaded: a pass's snapshot upload never
-            # holds back what the writer sealed, so the recovery point stays the log's.
-            result = commit(client, sid, gen, lambda cur: _with_entries(cur, segs, identity_sha))
-            listed = len(up.uploaded)
-        found = _snapshots(store, files, sid, gen, done)
-        snaps = _upload(found, SNAPSHOT_DIR, up, shipped, damaged, now)
-        if snaps or result is None:
-            result = commit(client, sid, gen, lambda cur: _with_entries(cur, snaps, identity_sha))
-    except FencedError:
-        _discard(client, up.uploaded[listed:])
-        raise
-    return segs + snaps, result
-
-
-def _upload(
-    found: Iterator[tuple[Entry, bytes] | Path],
-    folder: str,
-    up: Uploader,
-    shipped: dict[str, Shipped],
-    damaged: list[Path],
-    now: int,
-) -> list[Entry]:
-    """Upload each file of ``found`` (the files of ``folder``) that is not shipped yet.
-
-    Each file shipped (or found already there) is added to ``shipped`` as
-    ``folder/name``, the way ``remote.json`` lists it; each damaged
-    file found is added to ``damaged``.
-    :returns: the manifest entries added.
-    :raises FencedError: another generation owns the store.
-    """
-    new: list[Entry] = []
-    for item in found:
-        if isinstance(item, Path):
-            damaged.append(item)
-            continue
-        e, data = item
-        added = up.entry(e, data)
-        if added is not None:
-            new.append(added)
-        listed = added or up.known[(e.kind, e.name)]
-        shipped[f"{folder}/{e.name}"] = Shipped(listed.key, listed.sha256, listed.size, now)
-    return new
-
-
-def _with_entries(cur: Manifest, new: list[Entry], identity_sha: str) -> Manifest:
-    present = {e.key for e in cur.objects}
-    objects = cur.objects + tuple(e for e in new if e.key not in present)
-    fmt = ENCODED_FORMAT if any(e.encoding for e in objects) else cur.format
-    m = msgspec.structs.replace(cur, objects=objects, identity_sha256=identity_sha, format=fmt)
-    plan = plan_restore(m)
-    return msgspec.structs.replace(m, last_epoch=plan.epoch if plan else 0)
-
-
-def _discard(client: RemoteClient, keys: list[str]) -> None:
-    """Best effort: remove a fenced call's uploads (no manifest lists them)."""
-    for key in keys:
-        try:
-            client.delete(key)
-        except RemoteError as exc:  # left: garbage no manifest lists
-            log.warning("event=fenced_upload_left key=%s reason=%r", key, str(exc))
-    if keys:
-        log.warning("event=fenced_uploads_removed count=%d", len(keys))
