@@ -23,12 +23,21 @@ from statelog.errors import FencedError, StatelogError
 from statelog.remote import RemoteClient, ship
 from statelog.storage.fileio import FileLayer
 
-__all__ = ["STOP_SIGNALS", "ShipLoop", "fenced_exit", "ship_store", "wait_for_round"]
+__all__ = [
+    "SHIP_SWITCH_INTERVAL",
+    "STOP_SIGNALS",
+    "ShipLoop",
+    "fenced_exit",
+    "ship_store",
+    "wait_for_round",
+]
 
 log = logging.getLogger(LOGGER)
 
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 """The signals that stop the daemon (blocked, and waited for with ``sigtimedwait``)."""
+SHIP_SWITCH_INTERVAL = 0.001
+"""The GIL switch interval while the ship loop runs (Python's default: 0.005 s)."""
 
 
 class ShipLoop:
@@ -55,8 +64,20 @@ class ShipLoop:
         self.fenced: tuple[Path, FencedError] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="statelog-ship", daemon=True)
+        self._interval: float | None = None  # the switch interval before start()
 
     def start(self) -> None:
+        """Start the loop, and shorten the process's GIL switch interval while it runs.
+
+        A ship spends its time in calls that let the GIL go (reads, hashing,
+        compression, requests) and must take it back after each; beside a pass
+        thread busy in Python, each take-back waits up to the switch interval.
+        At 1 ms instead of 5 ms, one measured run beside the anchors' load saw
+        ships with uploads take a median 0.224 s (p90 0.29 s, max 1.05 s), against
+        0.246 s (0.37 s, 1.38 s), and passes no slower.
+        """
+        self._interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._interval, SHIP_SWITCH_INTERVAL))
         self._thread.start()
 
     def ship(self, store: Path) -> None:
@@ -87,10 +108,13 @@ class ShipLoop:
                               exc_info=True)  # fmt: skip
 
     def stop(self) -> None:
-        """End the loop; waits for a ship in flight."""
+        """End the loop; waits for a ship in flight, then puts the switch interval back."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        if self._interval is not None:
+            sys.setswitchinterval(self._interval)
+            self._interval = None
 
 
 def wait_for_round(seconds: float, shipper: ShipLoop | None) -> bool:

@@ -12,10 +12,13 @@ processes against the tests' S3 server; the host is lost by SIGKILLing both.
 | a store nobody ships                                | its segment is not sealed by age          |
 | commits the bucket does not have (no shipping)      | the lag gauges count them and their age   |
 | ``max_ship_lag`` out of range, or not a timedelta   | InvalidOptionError, nothing opened        |
+| the daemon's ship loop running                      | the GIL switch interval is 1 ms, and the  |
+|                                                     | process's own again once it stops         |
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -30,7 +33,9 @@ from pathlib import Path
 import pytest
 
 import statelog
+from compactor.shipping import SHIP_SWITCH_INTERVAL, ShipLoop
 from statelog.remote import LagCollector, lag, restore, ship
+from statelog.storage.fileio import FileLayer
 from tests.s3server import Remote, remote, s3  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -159,3 +164,30 @@ def test_a_bad_max_ship_lag_is_refused(tmp_path: Path, bad: object) -> None:
     with pytest.raises(statelog.InvalidOptionError, match="max_ship_lag"):
         statelog.open(tmp_path / "s", max_ship_lag=bad)
     assert not (tmp_path / "s").exists()
+
+
+def test_the_ship_loop_shortens_the_switch_interval_while_it_runs(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    """A ship takes the GIL back after every read, hash and request; beside a pass busy
+    in Python each take-back waits up to the switch interval, so the loop shortens it
+    while it runs and puts the process's own value back when it stops."""
+    args = argparse.Namespace(
+        max_ship_lag=timedelta(seconds=1), remote=remote.url, remote_retain=None,
+        remote_retain_for=None,
+    )  # fmt: skip
+    before = sys.getswitchinterval()
+    assert before > SHIP_SWITCH_INTERVAL
+    seen: list[float] = []
+    loop = ShipLoop(args, FileLayer(), remote.client(), lambda: seen.append(
+        sys.getswitchinterval()) or [])  # fmt: skip
+    loop.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        loop.stop()
+    assert seen and seen[0] == SHIP_SWITCH_INTERVAL
+    assert sys.getswitchinterval() == before
