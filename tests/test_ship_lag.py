@@ -191,3 +191,25 @@ def test_the_ship_loop_shortens_the_switch_interval_while_it_runs(
         loop.stop()
     assert seen and seen[0] == SHIP_SWITCH_INTERVAL
     assert sys.getswitchinterval() == before
+
+
+def test_a_ship_loop_that_cannot_start_leaves_the_switch_interval_alone(
+    remote: Remote,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    args = argparse.Namespace(
+        max_ship_lag=timedelta(seconds=1), remote=remote.url, remote_retain=None,
+        remote_retain_for=None,
+    )  # fmt: skip
+    before = sys.getswitchinterval()
+    loop = ShipLoop(args, FileLayer(), remote.client(), lambda: [])
+
+    def refuse() -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(loop._thread, "start", refuse)
+    with pytest.raises(RuntimeError):
+        loop.start()
+    assert sys.getswitchinterval() == before
+    loop.stop()
+    assert sys.getswitchinterval() == before

@@ -11,7 +11,7 @@
 | segments after a gap local retention left| listed with the snapshot that covers the gap:   |
 |                                          | no version restores to less than the one before |
 | a write that landed, its answer lost,    | FencedError; what the takeover's version lists  |
-|   then a takeover from that version      | stays                                           |
+|   then a takeover from that version      | stays, the store's IDENTITY too (first ship)    |
 """
 
 from __future__ import annotations
@@ -223,3 +223,27 @@ def test_a_write_whose_answer_was_lost_before_a_takeover_keeps_what_it_listed(
     bucket = set(remote.object_keys())
     assert all(f"shard/{e.key}" in bucket for e in m.manifest.objects), "a listed file was lost"
     assert restore(remote.url, tmp_path / "c", client=remote.client()).epoch == 200
+
+
+def test_a_first_ship_fenced_after_its_write_landed_keeps_the_identity(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    """The first ship uploads the store's IDENTITY, which no entry lists but the
+    manifest's hash of it names: a takeover built on the version that landed needs it."""
+    a = tmp_path / "a"
+    commit_range(a, 0, 120)
+    client = remote.client()
+    put_if_match, b = client.put_if_match, tmp_path / "b"
+
+    def lost(key: str, data: bytes, etag: str) -> str:
+        put_if_match(key, data, etag)  # lands
+        restore(remote.url, b, client=remote.client(), take_over=True)
+        raise ConditionFailedError(key, "the answer was lost")
+
+    client.put_if_match = lost  # type: ignore[method-assign]
+    with pytest.raises(FencedError):
+        ship(a, remote.url, client=client)
+    commit_range(b, 120, 150)
+    ship(b, remote.url, client=remote.client())
+    assert restore(remote.url, tmp_path / "c", client=remote.client()).epoch == 150

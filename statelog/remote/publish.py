@@ -27,6 +27,7 @@ from statelog.remote.manifest import ENCODED_FORMAT, Manifest, commit, read_mani
 from statelog.remote.plan import plan_restore
 from statelog.remote.record import Shipped
 from statelog.remote.upload import Uploader
+from statelog.remote.url import StoreKeys
 from statelog.storage.layout import SNAPSHOT_DIR, WAL_DIR
 
 __all__ = ["Found", "Published", "publish"]
@@ -70,7 +71,7 @@ def publish(
             listed = len(up.uploaded) if early else 0
         snaps = _upload(snapshots, SNAPSHOT_DIR, up, book)
         if snaps or not early:
-            both = segs + snaps
+            both = snaps if early else segs + snaps
             result = commit(client, sid, gen, lambda cur: with_entries(cur, both, sha))
     except FencedError:
         _discard(client, sid, up.uploaded[listed:])
@@ -135,7 +136,9 @@ def _discard(client: RemoteClient, sid: uuid.UUID, keys: list[str]) -> None:
     except RemoteError as exc:
         log.warning("event=fenced_uploads_left count=%d reason=%r", len(keys), str(exc))
         return
-    owned = {e.key for e in now.manifest.objects} if now is not None else set()
+    owned = set() if now is None else {e.key for e in now.manifest.objects}
+    if now is not None and now.manifest.identity_sha256:
+        owned.add(StoreKeys(sid).identity)  # named by its hash, not by an entry
     keys = [k for k in keys if k not in owned]
     for key in keys:
         try:
