@@ -141,34 +141,29 @@ def _count_writes(
     return writes, calls
 
 
-def test_a_ship_of_segments_alone_writes_the_manifest_once(
+@pytest.mark.parametrize(
+    "new, kind",
+    [
+        pytest.param(lambda a: commit_range(a, 120, 180), "/wal/", id="segments-alone"),
+        # a snapshot of log already shipped: nothing new but it
+        pytest.param(lambda a: compact(a, retain=5), "/snapshots/", id="snapshots-alone"),
+    ],
+)
+def test_a_ship_of_one_kind_of_file_writes_the_manifest_once(
     tmp_path: Path,
     remote: Remote,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
+    new: Callable[[Path], object],
+    kind: str,
 ) -> None:
     a = tmp_path / "a"
     commit_range(a, 0, 120)
     client = remote.client()
     ship(a, remote.url, client=client)
-    commit_range(a, 120, 180)
+    new(a)
     writes, calls = _count_writes(client, monkeypatch)
     result = ship(a, remote.url, client=client)
-    assert result.uploaded and len(writes) == 1 and len(calls) == 1
-
-
-def test_a_ship_of_snapshots_alone_writes_the_manifest_once(
-    tmp_path: Path,
-    remote: Remote,  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    a = tmp_path / "a"
-    commit_range(a, 0, 120)
-    client = remote.client()
-    ship(a, remote.url, client=client)
-    compact(a, retain=5)  # a snapshot of log already shipped: nothing new but it
-    writes, calls = _count_writes(client, monkeypatch)
-    result = ship(a, remote.url, client=client)
-    assert any("/snapshots/" in k for k in result.uploaded)
+    assert result.uploaded and all(kind in k for k in result.uploaded)
     assert len(writes) == 1 and len(calls) == 1
 
 
@@ -196,6 +191,21 @@ def test_segments_after_a_gap_wait_for_the_snapshot_that_covers_it(
     assert restore(remote.url, tmp_path / "c", client=remote.client()).epoch == 360
 
 
+def _answer_lost_then_taken_over(remote: Remote, b: Path) -> RemoteClient:  # noqa: F811
+    """A client whose manifest write lands, after which the store is taken over into
+    ``b`` from that version, and whose answer is then lost (the retry is refused)."""
+    client = remote.client()
+    put_if_match = client.put_if_match
+
+    def lost(key: str, data: bytes, etag: str) -> str:
+        put_if_match(key, data, etag)  # lands
+        restore(remote.url, b, client=remote.client(), take_over=True)
+        raise ConditionFailedError(key, "the answer was lost")
+
+    client.put_if_match = lost  # type: ignore[method-assign]
+    return client
+
+
 def test_a_write_whose_answer_was_lost_before_a_takeover_keeps_what_it_listed(
     tmp_path: Path,
     remote: Remote,  # noqa: F811
@@ -207,17 +217,9 @@ def test_a_write_whose_answer_was_lost_before_a_takeover_keeps_what_it_listed(
     commit_range(a, 0, 120)
     ship(a, remote.url, client=remote.client())
     commit_range(a, 120, 200)
-    client = remote.client()
-    put_if_match, b = client.put_if_match, tmp_path / "b"
-
-    def lost(key: str, data: bytes, etag: str) -> str:
-        put_if_match(key, data, etag)  # lands
-        restore(remote.url, b, client=remote.client(), take_over=True)
-        raise ConditionFailedError(key, "the answer was lost")
-
-    client.put_if_match = lost  # type: ignore[method-assign]
+    b = tmp_path / "b"
     with pytest.raises(FencedError):
-        ship(a, remote.url, client=client)
+        ship(a, remote.url, client=_answer_lost_then_taken_over(remote, b))
     m = read_manifest(remote.client(), StoreLayout(b).read_identity(FileLayer()))
     assert m is not None and m.manifest.generation == 2
     bucket = set(remote.object_keys())
@@ -233,17 +235,9 @@ def test_a_first_ship_fenced_after_its_write_landed_keeps_the_identity(
     manifest's hash of it names: a takeover built on the version that landed needs it."""
     a = tmp_path / "a"
     commit_range(a, 0, 120)
-    client = remote.client()
-    put_if_match, b = client.put_if_match, tmp_path / "b"
-
-    def lost(key: str, data: bytes, etag: str) -> str:
-        put_if_match(key, data, etag)  # lands
-        restore(remote.url, b, client=remote.client(), take_over=True)
-        raise ConditionFailedError(key, "the answer was lost")
-
-    client.put_if_match = lost  # type: ignore[method-assign]
+    b = tmp_path / "b"
     with pytest.raises(FencedError):
-        ship(a, remote.url, client=client)
+        ship(a, remote.url, client=_answer_lost_then_taken_over(remote, b))
     commit_range(b, 120, 150)
     ship(b, remote.url, client=remote.client())
     assert restore(remote.url, tmp_path / "c", client=remote.client()).epoch == 150
