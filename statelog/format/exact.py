@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
-from types import ModuleType
 from typing import Any
 
 __all__ = [
@@ -69,15 +68,10 @@ def plain_keys_py(keys: list[Any], max_len: int) -> bool:
     )
 
 
-def _built() -> ModuleType | None:
-    try:
-        from statelog.format import _exact
-    except ImportError:  # built without a C compiler: the Python checks answer alike
-        return None
-    return _exact
-
-
-_c = _built()
+try:
+    from statelog.format import _exact as _c
+except ImportError:  # built without a C compiler: the Python checks answer alike
+    _c = None  # type: ignore[assignment]
 ACCELERATED = _c is not None
 """True when the checks run in C."""
 

@@ -115,9 +115,9 @@ def frame_crc(header_tail: bytes | memoryview, payload: bytes | memoryview) -> i
 
     The GIL is kept: a frame of at most a MiB takes tens of microseconds, and a
     thread that lets the GIL go per frame waits for it again behind any busy thread,
-    up to the switch interval (5 ms) each time: a shipping thread's scan of a segment
-    took 60 times as long beside a compaction pass, and a commit's frames would wait
-    likewise beside a host's busy threads.
+    up to the switch interval (5 ms) each time: a scan of a segment, or a commit's
+    frames, would pay that once per frame beside a compaction pass or a host's
+    busy threads.
     """
     return mask(crc32c.crc32c(payload, crc32c.crc32c(header_tail, 0, 0), 0))
 

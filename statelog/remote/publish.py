@@ -68,7 +68,8 @@ def publish(
         if segs:
             result = commit(client, sid, gen, lambda cur: _no_older(cur, segs, sha))
             early = _lists(result, segs)
-            listed = len(up.uploaded) if early else 0
+            if early:
+                listed = len(up.uploaded)
         snaps = _upload(snapshots, SNAPSHOT_DIR, up, book)
         if snaps or not early:
             both = snaps if early else segs + snaps
