@@ -52,7 +52,7 @@ import os
 import signal
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -66,7 +66,14 @@ from compactor.options import (
     parse_args,
 )
 from compactor.serving import metrics_server as _metrics_server
-from compactor.shipping import STOP_SIGNALS, ShipLoop, fenced_exit, wait_for_round
+from compactor.shipping import (
+    STOP_SIGNALS,
+    ShipFailedError,
+    ShipLoop,
+    fenced_exit,
+    ship_store,
+    wait_for_round,
+)
 from statelog.cli.exits import EXIT_DAMAGED, EXIT_UNRECOVERABLE, exit_code_for, gravest
 from statelog.compaction.fold import compact
 from statelog.compaction.lock import CompactorLock
@@ -94,6 +101,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(LOGGER)
+
+_ShipNow = Callable[[Path], None]
+"""Ships one store now (a pass's ships): through the ship process, or in this one."""
 
 
 def _stopping() -> bool:
@@ -177,11 +187,18 @@ def _run(
             max_ship_lag=_seconds(args.max_ship_lag) if args.remote else None,
         ),
     )  # fmt: skip
-    shipper = None if client is None else ShipLoop(args, files, client, lambda: list(locks))
+    shipper = None if client is None or args.once else ShipLoop(args)
+    ship_now: _ShipNow | None = None
     if shipper is not None:
         shipper.start()
+        ship_now = shipper.ship
+    elif client is not None:  # --once: the passes' own ships, in this process
+
+        def ship_now(store: Path) -> None:
+            ship_store(store, args, files, client)
+
     try:
-        return _rounds(args, stores, files, locks, shipper)
+        return _rounds(args, stores, files, locks, shipper, ship_now)
     finally:
         if shipper is not None:
             shipper.stop()
@@ -193,6 +210,7 @@ def _rounds(
     files: FileLayer,
     locks: dict[Path, CompactorLock],
     shipper: ShipLoop | None,
+    ship_now: _ShipNow | None,
 ) -> int:
     """Rounds of passes until a stop signal, ``--once`` or a fence; returns the exit status."""
     first = True
@@ -213,7 +231,7 @@ def _rounds(
             try:
                 if shipper is not None and shipper.fenced is not None:
                     return fenced_exit(*shipper.fenced)
-                wrote, status = _pass(store, args, files, locks[store], shipper)
+                wrote, status = _pass(store, args, files, locks[store], ship_now)
                 failed += [status] if status != EXIT_OK else []
                 folded += wrote
             except FencedError as exc:
@@ -294,9 +312,9 @@ def _pass(
     args: argparse.Namespace,
     files: FileLayer,
     lock: CompactorLock,
-    shipper: ShipLoop | None,
+    ship_now: _ShipNow | None,
 ) -> tuple[bool, int]:
-    """One pass over ``store`` (with ``shipper``: ship, compact, ship).
+    """One pass over ``store`` (with ``ship_now``: ship, compact, ship).
 
     :returns: whether it wrote a snapshot, and the pass's exit status (as for
         ``statelog compact``: 1 damage walked past, 2 no base, 5 failed).
@@ -305,8 +323,8 @@ def _pass(
         by the call that found it.
     """
     try:
-        if shipper is not None:
-            shipper.ship(store)
+        if ship_now is not None:
+            ship_now(store)
         result = compact(
             store,
             files=files,
@@ -320,13 +338,13 @@ def _pass(
             lock=lock,
             stop=_stopping,
         )
-        if shipper is not None and not _stopping():
-            shipper.ship(store)
+        if ship_now is not None and not _stopping():
+            ship_now(store)
     except FencedError:
         raise
     except (StatelogError, OSError) as exc:
         log.error("%s", kv(event="pass_failed", store=store, error=str(exc)))
-        return False, exit_code_for(exc)
+        return False, exc.status if isinstance(exc, ShipFailedError) else exit_code_for(exc)
     except Exception as exc:  # e.g. lmdb.Error (a full disk under the scratch image)
         log.error("%s", kv(event="pass_failed", store=store, error=repr(exc)), exc_info=True)
         return False, EXIT_FAILED

@@ -1,31 +1,38 @@
-"""The daemon's shipping: one store to ``--remote``, and shipping between passes.
+"""The daemon's shipping: one store to ``--remote``, in a process of its own.
 
-Shipping runs in a thread of its own every quarter ``--max-ship-lag``, beside
-the passes (which stay ``--interval`` apart): the writers seal by age at
-half their bound, so what they commit reaches the bucket within about
-``--max-ship-lag`` even while a long pass runs.
+Shipping runs every quarter ``--max-ship-lag`` beside the passes (which stay
+``--interval`` apart): the writers seal by age at half their bound, so what
+they commit reaches the bucket within about ``--max-ship-lag`` even while a
+long pass runs. It runs in a child process, not a thread: a full merge keeps
+the daemon's interpreter busy for seconds, and a ship thread beside it waits
+for the GIL after every read, hash and request (ships of one segment took
+0.2 s beside a pass where they take 0.03 s alone). The passes' own ships go
+through the same process, so one store's ships never overlap.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
+import socket
+import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 
-from compactor.options import EXIT_FENCED
-from statelog.compaction.logfmt import LOGGER, kv
+from compactor.options import EXIT_FAILED, EXIT_FENCED
+from statelog.cli.exits import exit_code_for
+from statelog.compaction.logfmt import LOGGER, KeyValueFormatter, kv
 from statelog.errors import FencedError, StatelogError
 from statelog.remote import RemoteClient, ship
 from statelog.storage.fileio import FileLayer
 
 __all__ = [
-    "SHIP_SWITCH_INTERVAL",
     "STOP_SIGNALS",
+    "ShipFailedError",
     "ShipLoop",
     "fenced_exit",
     "ship_store",
@@ -36,89 +43,175 @@ log = logging.getLogger(LOGGER)
 
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 """The signals that stop the daemon (blocked, and waited for with ``sigtimedwait``)."""
-SHIP_SWITCH_INTERVAL = 0.001
-"""The GIL switch interval while the ship loop runs (Python's default: 0.005 s)."""
+_STOP_WAIT = 120.0
+"""Seconds :meth:`ShipLoop.stop` waits for a ship in flight before killing the process."""
+
+_Reply = tuple[str, ...] | tuple[str, str, str, int, int, str]
+
+
+class ShipFailedError(StatelogError):
+    """A ship through :class:`ShipLoop` failed; ``status`` is the exit status its error maps to."""
+
+    hint = "see the daemon's event=ship_failed line; the next round ships again"
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ShipLoop:
-    """Ships every store the daemon holds every quarter ``--max-ship-lag``, in a thread of its own.
+    """Ships every store the daemon passed every quarter ``--max-ship-lag``, in a child process.
 
-    A compaction pass can take seconds; shipping beside it, not between
-    passes, keeps what the writers seal by age reaching the bucket within the
-    bound. Each store's shipping is serialised by a lock the pass's own
-    ships take too. A failed ship is logged and tried again; a takeover
-    (:class:`FencedError`) ends the loop and is kept in :attr:`fenced` for
-    the daemon to act on.
+    :meth:`ship` asks the child to ship one store now and waits for it (a
+    pass ships before and after it compacts); each store shipped that way is
+    shipped by the child's rounds from then on. A failed round ship is logged
+    and tried again; a takeover (:class:`FencedError`) ends the child, and is
+    kept in :attr:`fenced` for the daemon to act on. The child ignores the
+    daemon's stop signals (its mask is inherited), ends when told by
+    :meth:`stop`, and ends by itself when the daemon is gone (its pipe closes).
     """
 
-    def __init__(
-        self,
-        args: argparse.Namespace,
-        files: FileLayer,
-        client: RemoteClient,
-        stores: Callable[[], list[Path]],
-    ) -> None:
-        self._args, self._files, self._client, self._stores = args, files, client, stores
-        self._locks: dict[Path, threading.Lock] = {}
-        self._guard = threading.Lock()
-        self.fenced: tuple[Path, FencedError] | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="statelog-ship", daemon=True)
-        self._interval: float | None = None  # the switch interval before start()
+    def __init__(self, args: argparse.Namespace) -> None:
+        self._args = args
+        self._fenced: tuple[Path, FencedError] | None = None
+        self._conn: Connection | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        """Start the loop, and shorten the process's GIL switch interval while it runs.
+        """Start the child process (``python -m compactor.shipping FD``, the options
+        sent over the socket ``FD``); it inherits the daemon's blocked stop signals."""
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "compactor.shipping", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+            conn = Connection(ours.detach())
+        self._conn, self._proc = conn, proc
+        conn.send(self._args)
+        log.info("%s", kv(event="ship_process_started", pid=proc.pid))
 
-        A ship spends its time in calls that let the GIL go (reads, hashing,
-        compression, requests) and must take it back after each; beside a pass
-        thread busy in Python, each take-back waits up to the switch interval,
-        which bounds how soon a sealed segment reaches the bucket.
-        """
-        if self._interval is None:
-            self._interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._interval, SHIP_SWITCH_INTERVAL))
-        try:
-            self._thread.start()
-        except BaseException:  # no loop runs: the process keeps its own interval
-            sys.setswitchinterval(self._interval)
-            self._interval = None
-            raise
+    @property
+    def fenced(self) -> tuple[Path, FencedError] | None:
+        """The store a round ship found taken over, and the error; None while none was."""
+        if self._fenced is None and self._conn is not None:
+            try:
+                while self._conn.poll(0):
+                    self._take(self._conn.recv())
+            except (EOFError, OSError):
+                pass
+        return self._fenced
 
     def ship(self, store: Path) -> None:
-        """Ship ``store`` now (serialised with the loop's ships of it).
+        """Ship ``store`` now, in the child (serialised with its rounds).
+
+        A child that died (a bug, an OOM kill) is started again first.
 
         :raises FencedError: the store was taken over by another host.
+        :raises ShipFailedError: the ship failed; ``status`` is its exit status.
         """
-        with self._guard:
-            lock = self._locks.setdefault(store, threading.Lock())
-        with lock:
-            ship_store(store, self._args, self._files, self._client)
+        if self.fenced is not None:
+            raise self.fenced[1]
+        if self._proc is None or self._proc.poll() is not None:
+            if self._proc is not None:
+                log.error("%s", kv(event="ship_process_lost", status=self._proc.returncode))
+                self._close()
+            self.start()
+        assert self._conn is not None
+        try:
+            self._conn.send(("ship", str(store)))
+            while True:
+                reply = self._conn.recv()
+                if reply[0] == "fenced":
+                    self._take(reply)
+                    break
+                if reply[0] == "done":
+                    return
+                if reply[0] == "failed":
+                    raise ShipFailedError(reply[2], int(reply[1]))
+        except (EOFError, OSError) as exc:
+            if self._fenced is None:
+                raise ShipFailedError(f"the ship process ended: {exc!r}", EXIT_FAILED) from None
+        assert self._fenced is not None
+        raise self._fenced[1]
 
-    def _run(self) -> None:
-        period = self._args.max_ship_lag.total_seconds() / 4
-        while not self._stop.wait(period):
-            for store in self._stores():
-                if self._stop.is_set():
-                    return
-                try:
-                    self.ship(store)
-                except FencedError as exc:
-                    self.fenced = (store, exc)
-                    return
-                except (StatelogError, OSError) as exc:
-                    log.error("%s", kv(event="ship_failed", store=store, error=str(exc)))
-                except Exception as exc:  # a bug must not end the shipping silently
-                    log.error("%s", kv(event="ship_failed", store=store, error=repr(exc)),
-                              exc_info=True)  # fmt: skip
+    def _take(self, reply: _Reply) -> None:
+        """Keep a ``fenced`` message from the child; others are not expected here."""
+        if reply[0] == "fenced":
+            _kind, store, message, ours, current, hint = reply
+            self._fenced = (
+                Path(store),
+                FencedError(str(message), ours=int(ours), current=int(current), hint=str(hint)),
+            )
 
     def stop(self) -> None:
-        """End the loop; waits for a ship in flight, then puts the switch interval back."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        if self._interval is not None:
-            sys.setswitchinterval(self._interval)
-            self._interval = None
+        """End the child; a ship in flight finishes first (killed after two minutes)."""
+        if self._proc is None or self._conn is None:
+            return
+        with contextlib.suppress(OSError):  # gone already
+            self._conn.send(("stop",))
+        try:
+            self._proc.wait(_STOP_WAIT)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._close()
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn, self._proc = None, None
+
+
+def _serve(conn: Connection, args: argparse.Namespace) -> None:
+    """The child: ship what :meth:`ShipLoop.ship` asks, and every store it named each period."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(KeyValueFormatter())
+    logging.getLogger("statelog").addHandler(handler)
+    logging.getLogger("statelog").setLevel(args.log_level)
+    client, files = RemoteClient.from_url(args.remote), FileLayer()
+    stores: list[Path] = []
+    period = args.max_ship_lag.total_seconds() / 4
+    due = time.monotonic() + period
+    while True:
+        try:
+            if conn.poll(max(0.0, due - time.monotonic())):
+                ask = conn.recv()
+                if ask[0] != "ship":
+                    return
+                store = Path(ask[1])
+                stores += [] if store in stores else [store]
+                reply = _ship_reply(store, args, files, client)
+                conn.send(reply)
+                if reply[0] == "fenced":
+                    return
+                continue
+            due = time.monotonic() + period
+            for store in stores:
+                reply = _ship_reply(store, args, files, client)
+                if reply[0] == "fenced":
+                    conn.send(reply)
+                    return
+        except (EOFError, OSError):
+            return  # the daemon is gone: nothing is left to ship for
+
+
+def _ship_reply(
+    store: Path, args: argparse.Namespace, files: FileLayer, client: RemoteClient
+) -> _Reply:
+    """Ship ``store``; the reply to send: ``done``, ``failed`` (status, text) or ``fenced``."""
+    try:
+        ship_store(store, args, files, client)
+    except FencedError as exc:
+        return ("fenced", str(store), exc.message, exc.ours, exc.current, exc.hint)
+    except (StatelogError, OSError) as exc:
+        log.error("%s", kv(event="ship_failed", store=store, error=str(exc)))
+        return ("failed", str(exit_code_for(exc)), str(exc))
+    except Exception as exc:  # a bug must not end the shipping silently
+        log.error("%s", kv(event="ship_failed", store=store, error=repr(exc)), exc_info=True)
+        return ("failed", str(EXIT_FAILED), repr(exc))
+    return ("done",)
 
 
 def wait_for_round(seconds: float, shipper: ShipLoop | None) -> bool:
@@ -158,3 +251,17 @@ def fenced_exit(store: Path, exc: FencedError) -> int:
         file=sys.stderr,
     )
     return EXIT_FENCED
+
+
+def _main(argv: list[str]) -> None:
+    """``python -m compactor.shipping FD``: the child of :meth:`ShipLoop.start`."""
+    conn = Connection(int(argv[0]))
+    try:
+        args = conn.recv()
+    except (EOFError, OSError):
+        return
+    _serve(conn, args)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

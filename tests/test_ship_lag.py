@@ -12,8 +12,12 @@ processes against the tests' S3 server; the host is lost by SIGKILLing both.
 | a store nobody ships                                | its segment is not sealed by age          |
 | commits the bucket does not have (no shipping)      | the lag gauges count them and their age   |
 | ``max_ship_lag`` out of range, or not a timedelta   | InvalidOptionError, nothing opened        |
-| the daemon's ship loop running                      | the GIL switch interval is 1 ms, and the  |
-|                                                     | process's own again once it stops         |
+| the daemon's ship loop                              | ships in a child process: a pass's ship   |
+|                                                     | and, each round, every store it shipped   |
+| a takeover the loop meets                           | kept in ``fenced``; ``ship`` raises it    |
+| the ship process killed                             | the next ``ship`` starts it again         |
+| a ship that fails                                   | ShipFailedError with its exit status      |
+| the daemon SIGKILLed                                | its ship process ends by itself           |
 """
 
 from __future__ import annotations
@@ -33,9 +37,8 @@ from pathlib import Path
 import pytest
 
 import statelog
-from compactor.shipping import SHIP_SWITCH_INTERVAL, ShipLoop
+from compactor.shipping import ShipFailedError, ShipLoop
 from statelog.remote import LagCollector, lag, restore, ship
-from statelog.storage.fileio import FileLayer
 from tests.s3server import Remote, remote, s3  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -166,50 +169,124 @@ def test_a_bad_max_ship_lag_is_refused(tmp_path: Path, bad: object) -> None:
     assert not (tmp_path / "s").exists()
 
 
-def test_the_ship_loop_shortens_the_switch_interval_while_it_runs(
-    tmp_path: Path,
-    remote: Remote,  # noqa: F811
-) -> None:
-    """A ship takes the GIL back after every read, hash and request; beside a pass busy
-    in Python each take-back waits up to the switch interval, so the loop shortens it
-    while it runs and puts the process's own value back when it stops."""
+def _ship_loop(remote: Remote, monkeypatch: pytest.MonkeyPatch) -> ShipLoop:  # noqa: F811
+    for name, value in remote.server.env().items():
+        monkeypatch.setenv(name, value)  # the child's environment is this process's
     args = argparse.Namespace(
         max_ship_lag=timedelta(seconds=1), remote=remote.url, remote_retain=None,
-        remote_retain_for=None,
+        remote_retain_for=None, log_level="WARNING",
     )  # fmt: skip
-    before = sys.getswitchinterval()
-    assert before > SHIP_SWITCH_INTERVAL
-    seen: list[float] = []
-    loop = ShipLoop(args, FileLayer(), remote.client(), lambda: seen.append(
-        sys.getswitchinterval()) or [])  # fmt: skip
-    loop.start()
+    return ShipLoop(args)
+
+
+def _children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(c) for c in text.split()]
+
+
+def _ended(pid: int) -> bool:
     try:
-        deadline = time.monotonic() + 10
-        while not seen and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        loop.stop()
-    assert seen and seen[0] == SHIP_SWITCH_INTERVAL
-    assert sys.getswitchinterval() == before
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")  # a zombie nobody reaps has ended too
 
 
-def test_a_ship_loop_that_cannot_start_leaves_the_switch_interval_alone(
+def _commit(path: Path, epoch: int) -> None:
+    with statelog.open(path, max_ship_lag=timedelta(days=1)) as store:
+        store.commit(offsets={"p": epoch}, low_watermark_ms=epoch, put={f"k{epoch}": epoch})
+
+
+def test_the_ship_loop_ships_in_a_process_of_its_own(
+    tmp_path: Path,
     remote: Remote,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    args = argparse.Namespace(
-        max_ship_lag=timedelta(seconds=1), remote=remote.url, remote_retain=None,
-        remote_retain_for=None,
-    )  # fmt: skip
-    before = sys.getswitchinterval()
-    loop = ShipLoop(args, FileLayer(), remote.client(), lambda: [])
+    """A full merge keeps the daemon's interpreter busy for seconds: a ship beside it
+    in the same process would wait for the GIL after every request."""
+    path = tmp_path / "s"
+    _commit(path, 1)
+    loop = _ship_loop(remote, monkeypatch)
+    loop.start()
+    try:
+        loop.ship(path)  # a pass's ship: done when it returns
+        assert loop._proc is not None and loop._proc.pid != os.getpid()
+        assert lag(path).epochs == 0
+        _commit(path, 2)  # sealed at close: the loop's next round ships it unasked
+        _wait("the round's ship", lambda: lag(path).epochs == 0, timeout=15)
+        assert restore(remote.url, tmp_path / "r", client=remote.client()).epoch == 2
+    finally:
+        loop.stop()
+    assert loop._proc is None
 
-    def refuse() -> None:
-        raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(loop._thread, "start", refuse)
-    with pytest.raises(RuntimeError):
-        loop.start()
-    assert sys.getswitchinterval() == before
-    loop.stop()
-    assert sys.getswitchinterval() == before
+def test_a_takeover_the_ship_loop_meets_is_kept_for_the_daemon(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = tmp_path / "s"
+    _commit(path, 1)
+    loop = _ship_loop(remote, monkeypatch)
+    loop.start()
+    try:
+        loop.ship(path)
+        restore(remote.url, tmp_path / "b", take_over=True, client=remote.client())
+        _commit(path, 2)  # the zombie goes on; its loop meets the new owner
+        _wait("the fence", lambda: loop.fenced is not None, timeout=15)
+        assert loop.fenced is not None and loop.fenced[0] == path
+        assert (loop.fenced[1].ours, loop.fenced[1].current) == (1, 2)
+        with pytest.raises(statelog.FencedError):
+            loop.ship(path)
+    finally:
+        loop.stop()
+
+
+def test_a_lost_ship_process_is_started_again(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = tmp_path / "s"
+    _commit(path, 1)
+    loop = _ship_loop(remote, monkeypatch)
+    loop.start()
+    try:
+        assert loop._proc is not None and loop._proc.pid is not None
+        first = loop._proc.pid
+        os.kill(first, signal.SIGKILL)
+        loop._proc.wait(10)
+        loop.ship(path)  # started again, then shipped
+        assert loop._proc.pid != first and lag(path).epochs == 0
+    finally:
+        loop.stop()
+
+
+def test_a_failed_ship_says_its_exit_status(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    remote: Remote,  # noqa: F811
+) -> None:
+    path = tmp_path / "s"
+    _commit(path, 1)
+    loop = _ship_loop(remote, monkeypatch)
+    loop._args.remote = "s3://statelog-no-such-bucket/shard"  # every request refused
+    loop.start()
+    try:
+        with pytest.raises(ShipFailedError) as caught:
+            loop.ship(path)
+        assert caught.value.status == 5
+        assert loop.fenced is None and not (path / "remote.json").exists()
+    finally:
+        loop.stop()
+
+
+def test_the_ship_process_ends_with_a_killed_daemon(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
+    store = tmp_path / "store"
+    _commit(store, 1)
+    with _process(_daemon(store, remote), env=remote.server.env()) as daemon:
+        _wait("the ship process", lambda: _children(daemon.pid))
+        (child,) = _children(daemon.pid)
+        daemon.send_signal(signal.SIGKILL)
+        daemon.wait(10)
+    _wait("the ship process to end", lambda: _ended(child), timeout=15)
