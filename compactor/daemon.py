@@ -47,12 +47,14 @@ outcome gives which: the epilog of ``statelog-compactor --help``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import sys
+import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -182,7 +184,7 @@ def _run(
             event="started", pid=os.getpid(), stores=len(stores), interval=args.interval,
             min_tail_bytes=args.min_tail_bytes, min_tail_records=args.min_tail_records,
             retain=args.retain, retain_for=_seconds(args.retain_for), max_chain=args.max_chain,
-            full_ratio=args.full_ratio, once=args.once, remote=args.remote,
+            full_ratio=args.full_ratio, nice=args.nice, once=args.once, remote=args.remote,
             remote_retain=args.remote_retain, remote_retain_for=_seconds(args.remote_retain_for),
             max_ship_lag=_seconds(args.max_ship_lag) if args.remote else None,
         ),
@@ -190,7 +192,7 @@ def _run(
     shipper = None if client is None or args.once else ShipLoop(args)
     ship_now: _ShipNow | None = None
     if shipper is not None:
-        shipper.start()
+        shipper.start()  # before the passes' thread is made nicer: the child keeps the priority
         ship_now = shipper.ship
     elif client is not None:  # --once: the passes' own ships, in this process
 
@@ -198,7 +200,8 @@ def _run(
             ship_store(store, args, files, client)
 
     try:
-        return _rounds(args, stores, files, locks, shipper, ship_now)
+        with nicer(args.nice):
+            return _rounds(args, stores, files, locks, shipper, ship_now)
     finally:
         if shipper is not None:
             shipper.stop()
@@ -300,6 +303,36 @@ def _acquire(
         return exit_code_for(exc)
     log.info("%s", kv(event="locked_store", store=store, lock=locks[store].path.name))
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def nicer(steps: int) -> Iterator[None]:
+    """Run the body with the calling thread (the passes') ``steps`` nicer, up to 19.
+
+    A pass is background work that uses every cycle it gets: a full merge of a
+    large store runs for seconds. On a host whose cores the writers keep busy, at
+    the daemon's own priority it takes an equal share from them; nicer, it takes
+    what they leave. The ship process and the metrics server's threads keep the
+    daemon's priority (started before). Only this thread changes (on Linux,
+    ``setpriority`` on a thread id is per thread), and its priority is put back
+    on the way out where the system allows it (raising it needs privilege; the
+    daemon is leaving then anyway). A refusal is logged, not fatal; 0: unchanged.
+    """
+    tid = threading.get_native_id()
+    before = None
+    if steps > 0:
+        try:
+            before = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, before + steps))
+        except OSError as exc:
+            log.warning("%s", kv(event="nice_refused", steps=steps, error=str(exc)))
+            before = None
+    try:
+        yield
+    finally:
+        if before is not None:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, tid, before)
 
 
 def _seconds(window: timedelta | None) -> str | None:

@@ -37,6 +37,7 @@ __all__ = [
     "EXIT_FENCED",
     "EXIT_LOCKED",
     "EXIT_OK",
+    "PASS_NICE",
     "build_parser",
     "parse_args",
 ]
@@ -49,6 +50,8 @@ EXIT_LOCKED = EXIT_BUSY
 """Another compactor holds a store (4)."""
 EXIT_FENCED = EXIT_BUSY
 """``--remote``: another host took a store over (4)."""
+PASS_NICE = 10
+"""``--nice``'s default: how many steps nicer than the daemon its passes run."""
 
 _EPILOG = (
     EXIT_CODES_HELP
@@ -166,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
         "after it and the log from it; with --retain, whichever keeps more (default: by "
         "count only). Local only: --remote-retain-for is the remote's",
     )
-    p.add_argument("--level", type=_bounded(1, int), default=3, help="zstd level, 1-22 (3)")
+    _add_pass_options(p)
     add_chain_options(p)
     p.add_argument(
         "--once",
@@ -189,6 +192,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_log_options(p)
     return p
+
+
+def _add_pass_options(p: argparse.ArgumentParser) -> None:
+    """``--level`` and ``--nice``: how a pass compresses, and at what CPU priority it runs."""
+    p.add_argument("--level", type=_bounded(1, int), default=3, help="zstd level, 1-22 (3)")
+    p.add_argument(
+        "--nice",
+        type=_bounded(0, int),
+        default=PASS_NICE,
+        metavar="N",
+        help=f"run the passes N steps nicer than the daemon, 0-19 ({PASS_NICE}): under "
+        "load the writers and the shipping keep their cores (0: the daemon's own priority)",
+    )
 
 
 def _add_log_options(p: argparse.ArgumentParser) -> None:
@@ -227,6 +243,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, RemoteCl
         parser.error("--remote-retain needs --remote")
     if args.remote_retain_for is not None and args.remote is None:
         parser.error("--remote-retain-for needs --remote")
+    if args.nice > 19:
+        parser.error(f"--nice {args.nice}: at most 19")
     if args.max_ship_lag < timedelta(milliseconds=10):
         parser.error(f"--max-ship-lag {args.max_ship_lag}: at least 10 ms")
     client = None

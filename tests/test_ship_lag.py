@@ -18,6 +18,8 @@ processes against the tests' S3 server; the host is lost by SIGKILLing both.
 | the ship process killed                             | the next ``ship`` starts it again         |
 | a ship that fails                                   | ShipFailedError with its exit status      |
 | the daemon SIGKILLed                                | its ship process ends by itself           |
+| the daemon running                                  | its passes' thread 10 steps nicer, its    |
+|                                                     | ship process at the daemon's priority     |
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -37,6 +40,7 @@ from pathlib import Path
 import pytest
 
 import statelog
+from compactor.daemon import nicer
 from compactor.shipping import ShipFailedError, ShipLoop
 from statelog.remote import LagCollector, lag, restore, ship
 from tests.s3server import Remote, remote, s3  # noqa: F401  (fixtures)
@@ -290,3 +294,32 @@ def test_the_ship_process_ends_with_a_killed_daemon(tmp_path: Path, remote: Remo
         daemon.send_signal(signal.SIGKILL)
         daemon.wait(10)
     _wait("the ship process to end", lambda: _ended(child), timeout=15)
+
+
+def _nice(pid: int, tid: int | None = None) -> int:
+    stat = Path(f"/proc/{pid}/task/{tid or pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])  # field 19 of proc(5): nice
+
+
+def test_the_passes_run_nicer_than_the_shipping(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
+    """A pass takes what the writers leave; the ship process keeps the daemon's priority."""
+    store = tmp_path / "store"
+    _commit(store, 1)
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    with _process(_daemon(store, remote), env=remote.server.env()) as daemon:
+        _wait("the ship process", lambda: _children(daemon.pid))
+        _wait("the passes' thread made nicer", lambda: _nice(daemon.pid) == min(19, own + 10))
+        (child,) = _children(daemon.pid)
+        assert _nice(child) == own
+
+
+def test_nicer_puts_the_priority_back() -> None:
+    tid = threading.get_native_id()
+    before = os.getpriority(os.PRIO_PROCESS, tid)
+    with nicer(2):
+        assert os.getpriority(os.PRIO_PROCESS, tid) == min(19, before + 2)
+    if os.geteuid() == 0:  # raising a priority again needs privilege
+        assert os.getpriority(os.PRIO_PROCESS, tid) == before
+    now = os.getpriority(os.PRIO_PROCESS, tid)
+    with nicer(0):
+        assert os.getpriority(os.PRIO_PROCESS, tid) == now
