@@ -50,7 +50,7 @@ EXIT_LOCKED = EXIT_BUSY
 """Another compactor holds a store (4)."""
 EXIT_FENCED = EXIT_BUSY
 """``--remote``: another host took a store over (4)."""
-PASS_NICE = 10
+PASS_NICE = 0
 """``--nice``'s default: how many steps nicer than the daemon its passes run."""
 
 _EPILOG = (
@@ -202,8 +202,9 @@ def _add_pass_options(p: argparse.ArgumentParser) -> None:
         type=_bounded(0, int),
         default=PASS_NICE,
         metavar="N",
-        help=f"run the passes N steps nicer than the daemon, 0-19 ({PASS_NICE}): under "
-        "load the writers and the shipping keep their cores (0: the daemon's own priority)",
+        help=f"run the passes N steps nicer than the daemon, 0-19 ({PASS_NICE}: its own "
+        "priority): under load the writers and the shipping keep more of the cores, and "
+        "the log after the newest snapshot grows",
     )
 
 

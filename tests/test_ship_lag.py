@@ -18,7 +18,7 @@ processes against the tests' S3 server; the host is lost by SIGKILLing both.
 | the ship process killed                             | the next ``ship`` starts it again         |
 | a ship that fails                                   | ShipFailedError with its exit status      |
 | the daemon SIGKILLed                                | its ship process ends by itself           |
-| the daemon running                                  | its passes' thread 10 steps nicer, its    |
+| the daemon running with ``--nice 10``               | its passes' thread 10 steps nicer, its    |
 |                                                     | ship process at the daemon's priority     |
 """
 
@@ -69,10 +69,10 @@ def _writer(store: Path, acks: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "tests.slow_writer", str(store), "--acks", str(acks), *args]
 
 
-def _daemon(store: Path, remote: Remote) -> list[str]:  # noqa: F811
+def _daemon(store: Path, remote: Remote, *more: str) -> list[str]:  # noqa: F811
     return [
         sys.executable, "-m", "compactor", "--remote", remote.url, "--interval", "1",
-        "--max-ship-lag", "1s", str(store),
+        "--max-ship-lag", "1s", *more, str(store),
     ]  # fmt: skip
 
 
@@ -302,11 +302,12 @@ def _nice(pid: int, tid: int | None = None) -> int:
 
 
 def test_the_passes_run_nicer_than_the_shipping(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
-    """A pass takes what the writers leave; the ship process keeps the daemon's priority."""
+    """With ``--nice``, a pass takes what the writers leave; the ship process keeps the
+    daemon's priority."""
     store = tmp_path / "store"
     _commit(store, 1)
     own = os.getpriority(os.PRIO_PROCESS, 0)
-    with _process(_daemon(store, remote), env=remote.server.env()) as daemon:
+    with _process(_daemon(store, remote, "--nice", "10"), env=remote.server.env()) as daemon:
         _wait("the ship process", lambda: _children(daemon.pid))
         _wait("the passes' thread made nicer", lambda: _nice(daemon.pid) == min(19, own + 10))
         (child,) = _children(daemon.pid)
