@@ -21,9 +21,11 @@ Life of the daemon, in order:
    and pass it: :func:`statelog.compaction.fold.compact`, or with ``--remote URL``
    ship, compact, ship (:func:`statelog.remote.ship`; shipping first means
    local retention never deletes a segment the remote lacks, and a ship
-   that fails fails the pass before it compacts); and a thread ships every
-   store every quarter ``--max-ship-lag`` beside the passes
-   (:class:`compactor.shipping.ShipLoop`). Then sleep ``--interval``
+   that fails fails the pass before it compacts); and a child process
+   ships every store every quarter ``--max-ship-lag`` beside the passes,
+   the passes' own ships included (:class:`compactor.shipping.ShipLoop`;
+   with ``--once``, the passes ship in this process). With ``--nice N``,
+   the passes run N steps nicer. Then sleep ``--interval``
    seconds, unless some pass of the round wrote a snapshot: the writer may
    have sealed more log meanwhile, so the next round starts at once, and a
    busy store is folded back to back instead of an interval apart. A pass
