@@ -12,6 +12,8 @@
 |                                          | no version restores to less than the one before |
 | a write that landed, its answer lost,    | FencedError; what the takeover's version lists  |
 |   then a takeover from that version      | stays, the store's IDENTITY too (first ship)    |
+| a snapshot upload that fails after the   | RemoteError; ``remote.json`` records the listed |
+|   segments' write landed                 | segments and their epoch, no snapshot           |
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ from typing import Any
 import pytest
 
 from compactor import compact
-from statelog.errors import FencedError
+from statelog.errors import FencedError, RemoteError
 from statelog.log.segments import list_segments
+from statelog.remote import lag, read_manifest, restore, ship
 from statelog.remote import publish as publish_module
-from statelog.remote import read_manifest, restore, ship
 from statelog.remote.client import RemoteClient
 from statelog.remote.errors import ConditionFailedError
+from statelog.remote.record import load_record
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import WAL_DIR, StoreLayout
 from tests.s3server import Remote, remote, s3  # noqa: F401
@@ -241,3 +244,37 @@ def test_a_first_ship_fenced_after_its_write_landed_keeps_the_identity(
     commit_range(b, 120, 150)
     ship(b, remote.url, client=remote.client())
     assert restore(remote.url, tmp_path / "c", client=remote.client()).epoch == 150
+
+
+def test_segments_listed_before_a_failed_snapshot_upload_are_recorded(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    """``remote.json``, and the lag it gives, count what a landed write lists, even when
+    the ship then fails uploading a snapshot."""
+    a = _store_with_a_snapshot(tmp_path / "a")
+    ship(a, remote.url, client=remote.client())
+    shipped = {p.name for _, _, p in list_segments(a / WAL_DIR)}
+    commit_range(a, 260, 320)
+    compact(a, retain=5)  # a snapshot to ship, after the segments that extend the bucket's
+    commit_range(a, 320, 340)
+    sealed = {p.name for _, _, p in list_segments(a / WAL_DIR)} - shipped  # closed: all sealed
+    client = remote.client()
+
+    seen: list[str] = []
+
+    def refuse(key: str) -> None:
+        seen.append(key)
+        raise RemoteError(f"{key}: refused (test)")
+
+    _on_first_snapshot_put(client, refuse)
+    with pytest.raises(RemoteError, match="refused"):
+        ship(a, remote.url, client=client)
+    assert seen and sealed and sealed <= _listed_segments(remote, a)
+    rec = load_record(a)
+    assert rec is not None
+    recorded = {name.split("/")[-1] for name in rec.files if name.startswith(WAL_DIR)}
+    assert sealed <= recorded
+    assert not any(seen[0].endswith(name.split("/")[-1]) for name in rec.files)
+    assert rec.last_epoch == 340 == _last_epoch(remote, StoreLayout(a).read_identity(FileLayer()))
+    assert lag(a).epochs == 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,13 +41,17 @@ Found = Iterator[tuple[Entry, bytes] | Path]
 @dataclass
 class Published:
     """A ship's bookkeeping: ``shipped`` (``remote.json``'s files, added to as files
-    are shipped or found there), ``damaged`` (added to), the ship's time and the
-    hash of the store's ``IDENTITY``."""
+    are shipped or found there), ``damaged`` (added to), the ship's time, the
+    hash of the store's ``IDENTITY``, and ``listed``: called with the manifest once
+    the segments' own write landed, before any snapshot is uploaded (``shipped``
+    then holds the segments and no new snapshot), so that ``remote.json`` and the
+    lag it gives count them even if the snapshots' upload then fails."""
 
     shipped: dict[str, Shipped]
     damaged: list[Path]
     now_ms: int
     identity_sha: str
+    listed: Callable[[Manifest], object] | None = None
 
 
 def publish(
@@ -70,6 +74,8 @@ def publish(
             early = _lists(result, segs)
             if early:
                 listed = len(up.uploaded)
+                if book.listed is not None:
+                    book.listed(result)
         snaps = _upload(snapshots, SNAPSHOT_DIR, up, book)
         if snaps or not early:
             both = snaps if early else segs + snaps

@@ -26,7 +26,9 @@ One call (:func:`ship`), in this order:
    uploaded since the last write that landed (a takeover that read that
    version owns what it lists) and raises FencedError;
 4. ``remote.json`` is updated durably under its lock (temp, fsync, rename,
-   fsync dir: :func:`.record.update_record`);
+   fsync dir: :func:`.record.update_record`): once the segments' own write
+   landed (so the lag it gives counts them even if a snapshot's upload then
+   fails), and after the last write;
 5. optionally, remote retention (:mod:`.retention`).
 
 The writer's active segment is never shipped. Every step is safe to repeat.
@@ -44,7 +46,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -235,6 +237,24 @@ def _snapshots(
         ), data  # fmt: skip
 
 
+def _record(
+    rec: ShipRecord, url: str, gen: int, up: Uploader, book: Published, m: Manifest
+) -> Callable[[ShipRecord | None], ShipRecord]:
+    """The change to ``remote.json`` once manifest ``m`` landed: ``book.shipped``'s files."""
+
+    def change(cur: ShipRecord | None) -> ShipRecord:
+        # Merged with what another process of this directory recorded meanwhile
+        # (a claim): its files stay, and a newer generation it took is kept.
+        base = cur or rec
+        when = book.now_ms if up.uploaded or up.adopted or cur is None else base.last_ship_ms
+        return msgspec.structs.replace(
+            base, url=url, generation=max(base.generation, gen), last_epoch=m.last_epoch,
+            last_ship_ms=when, files={**base.files, **book.shipped},
+        )  # fmt: skip
+
+    return change
+
+
 def ship(
     store: Path,
     url: str,
@@ -281,24 +301,16 @@ def ship(
     now = int(time.time() * 1000)
     damaged: list[Path] = []
     done = set(rec.files)
+
+    book = Published(shipped, damaged, now, identity_sha)
+    book.listed = lambda m: update_record(store, _record(rec, url, gen, up, book, m), files)
     new, result = publish(
         up,
         _segments(store, sid, gen, rec.adopted_through, done),
         _snapshots(store, files, sid, gen, done),
-        Published(shipped, damaged, now, identity_sha),
+        book,
     )
-
-    def record(cur: ShipRecord | None) -> ShipRecord:
-        # Merged with what another process of this directory recorded meanwhile
-        # (a claim): its files stay, and a newer generation it took is kept.
-        base = cur or rec
-        when = now if up.uploaded or up.adopted or cur is None else base.last_ship_ms
-        return msgspec.structs.replace(
-            base, url=url, generation=max(base.generation, gen), last_epoch=result.last_epoch,
-            last_ship_ms=when, files={**base.files, **shipped},
-        )  # fmt: skip
-
-    update_record(store, record, files)
+    update_record(store, _record(rec, url, gen, up, book, result), files)
     kept = retain_after_ship(client, sid, gen, retain, retain_for)
     out = ShipResult(
         store, sid, gen, tuple(up.uploaded), tuple(up.adopted), up.bytes, result.last_epoch,
