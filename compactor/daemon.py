@@ -40,7 +40,8 @@ Life of the daemon, in order:
    gravest status of the others (:func:`statelog.cli.exits.gravest`), else 0.
 7. On SIGTERM or SIGINT: abandon the fold in progress at its next
    checkpoint (a snapshot already being written is finished: it is atomic),
-   skip retention, remove the scratch space, release every lock, exit 0.
+   skip retention, let the ship process finish the ship in flight (killed
+   after two minutes), remove the scratch space, release every lock, exit 0.
 
 Exit codes are the ``statelog`` command's (:mod:`statelog.cli.exits`); which
 outcome gives which: the epilog of ``statelog-compactor --help``.
@@ -126,8 +127,9 @@ def _setup_logging(level: str) -> logging.Handler:
 def main(argv: Sequence[str] | None = None, *, files: FileLayer | None = None) -> int:
     """Run the daemon (steps in the module docstring); return the exit status.
 
-    :param files: the file layer every durable step goes through (tests
-        substitute one that fails or dies at a chosen step).
+    :param files: the file layer every durable step of this process goes through
+        (tests substitute one that fails or dies at a chosen step); the ship
+        process's own ships, ``--remote`` without ``--once``, use the plain one.
     """
     args, client = parse_args(argv)
     handler = _setup_logging("DEBUG" if args.verbose else args.log_level)
@@ -240,7 +242,9 @@ def _rounds(
                 failed += [status] if status != EXIT_OK else []
                 folded += wrote
             except FencedError as exc:
-                return fenced_exit(store, exc)
+                # A round ship of another store may be what found the takeover.
+                found = shipper.fenced if shipper is not None else None
+                return fenced_exit(*(found or (store, exc)))
         if _stopping():
             break
         if args.once:

@@ -290,7 +290,7 @@ def _add_remote_options(p: argparse.ArgumentParser) -> None:
         default=timedelta(seconds=1),
         metavar="DURATION",
         help="with --remote: ship what the writers sealed every quarter of DURATION, in a "
-        "thread beside the passes; writers of shipped stores seal their active segment once its "
+        "process beside the passes; writers of shipped stores seal their active segment once its "
         "oldest commit is half their max_ship_lag old (1s unless set), so an acknowledged "
         "commit reaches the bucket within about DURATION (default: 1s)",
     )

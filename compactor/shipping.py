@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -47,15 +49,16 @@ _STOP_WAIT = 120.0
 """Seconds :meth:`ShipLoop.stop` waits for a ship in flight before killing the process."""
 
 _Reply = tuple[str, ...] | tuple[str, str, str, int, int, str]
+"""A message from the child: ``done``, ``failed`` (status, message, hint), ``fenced``."""
 
 
 class ShipFailedError(StatelogError):
     """A ship through :class:`ShipLoop` failed; ``status`` is the exit status its error maps to."""
 
-    hint = "see the daemon's event=ship_failed line; the next round ships again"
+    hint = "see the ship process's event=ship_failed line; the next round ships again"
 
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, status: int, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
         self.status = status
 
 
@@ -64,11 +67,13 @@ class ShipLoop:
 
     :meth:`ship` asks the child to ship one store now and waits for it (a
     pass ships before and after it compacts); each store shipped that way is
-    shipped by the child's rounds from then on. A failed round ship is logged
-    and tried again; a takeover (:class:`FencedError`) ends the child, and is
-    kept in :attr:`fenced` for the daemon to act on. The child ignores the
-    daemon's stop signals (its mask is inherited), ends when told by
-    :meth:`stop`, and ends by itself when the daemon is gone (its pipe closes).
+    shipped by the child's rounds from then on, and by a child started again
+    after one was lost (noticed by :attr:`fenced`, which the daemon reads at
+    least every half second). A failed round ship is logged and tried again;
+    a takeover (:class:`FencedError`) ends the child, and is kept in
+    :attr:`fenced` for the daemon to act on. The child ignores the daemon's
+    stop signals (its mask is inherited), ends when told by :meth:`stop`, and
+    ends by itself when the daemon is gone (its socket closes).
     """
 
     def __init__(self, args: argparse.Namespace) -> None:
@@ -76,62 +81,74 @@ class ShipLoop:
         self._fenced: tuple[Path, FencedError] | None = None
         self._conn: Connection | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._stores: list[Path] = []
+        self._nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     def start(self) -> None:
-        """Start the child process (``python -m compactor.shipping FD``, the options
-        sent over the socket ``FD``); it inherits the daemon's blocked stop signals."""
+        """Start the child process (``python -P -m compactor.shipping FD``: no directory
+        of the caller's shadows the installed package), the options, the stores and the
+        daemon's priority sent over the socket ``FD``; it inherits the blocked stop signals."""
         ours, theirs = socket.socketpair()
         with ours, theirs:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "compactor.shipping", str(theirs.fileno())],
+                [sys.executable, "-P", "-m", "compactor.shipping", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
             )  # fmt: skip
             conn = Connection(ours.detach())
         self._conn, self._proc = conn, proc
-        conn.send(self._args)
+        conn.send((self._args, [str(p) for p in self._stores], self._nice))
         log.info("%s", kv(event="ship_process_started", pid=proc.pid))
+
+    def _alive(self) -> None:
+        """Start the child again if it was lost (a bug, an OOM kill), unless it was fenced."""
+        if self._proc is None or self._proc.poll() is None or self._fenced is not None:
+            return
+        log.error("%s", kv(event="ship_process_lost", status=self._proc.returncode))
+        self._close()
+        self.start()
 
     @property
     def fenced(self) -> tuple[Path, FencedError] | None:
-        """The store a round ship found taken over, and the error; None while none was."""
+        """The store a round ship found taken over, and the error; None while none was.
+
+        Reading it also starts a lost child again."""
         if self._fenced is None and self._conn is not None:
             try:
                 while self._conn.poll(0):
                     self._take(self._conn.recv())
             except (EOFError, OSError):
                 pass
+            self._alive()
         return self._fenced
 
     def ship(self, store: Path) -> None:
-        """Ship ``store`` now, in the child (serialised with its rounds).
+        """Ship ``store`` now, in the child (between two of its round ships).
 
-        A child that died (a bug, an OOM kill) is started again first.
-
-        :raises FencedError: the store was taken over by another host.
-        :raises ShipFailedError: the ship failed; ``status`` is its exit status.
+        :raises FencedError: a store was taken over by another host (:attr:`fenced`
+            says which: a round ship may have found another one).
+        :raises ShipFailedError: the ship failed, or the child ended during it.
         """
         if self.fenced is not None:
             raise self.fenced[1]
-        if self._proc is None or self._proc.poll() is not None:
-            if self._proc is not None:
-                log.error("%s", kv(event="ship_process_lost", status=self._proc.returncode))
-                self._close()
-            self.start()
-        assert self._conn is not None
+        self._stores += [] if store in self._stores else [store]
+        assert self._conn is not None and self._proc is not None
         try:
             self._conn.send(("ship", str(store)))
-            while True:
+            while self._fenced is None:
+                if not self._conn.poll(0.5):
+                    if self._proc.poll() is not None:
+                        raise EOFError(f"exit status {self._proc.returncode}")
+                    continue
                 reply = self._conn.recv()
-                if reply[0] == "fenced":
-                    self._take(reply)
-                    break
                 if reply[0] == "done":
                     return
                 if reply[0] == "failed":
-                    raise ShipFailedError(reply[2], int(reply[1]))
+                    _kind, status, message, hint = reply
+                    raise ShipFailedError(str(message), int(status), hint=str(hint))
+                self._take(reply)
         except (EOFError, OSError) as exc:
             if self._fenced is None:
-                raise ShipFailedError(f"the ship process ended: {exc!r}", EXIT_FAILED) from None
+                raise ShipFailedError(f"the ship process ended: {exc}", EXIT_FAILED) from None
         assert self._fenced is not None
         raise self._fenced[1]
 
@@ -145,7 +162,7 @@ class ShipLoop:
             )
 
     def stop(self) -> None:
-        """End the child; a ship in flight finishes first (killed after two minutes)."""
+        """End the child: the ship in flight finishes first (killed after two minutes)."""
         if self._proc is None or self._conn is None:
             return
         with contextlib.suppress(OSError):  # gone already
@@ -163,38 +180,54 @@ class ShipLoop:
         self._conn, self._proc = None, None
 
 
-def _serve(conn: Connection, args: argparse.Namespace) -> None:
-    """The child: ship what :meth:`ShipLoop.ship` asks, and every store it named each period."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(KeyValueFormatter())
-    logging.getLogger("statelog").addHandler(handler)
-    logging.getLogger("statelog").setLevel(args.log_level)
+def _serve(conn: Connection, args: argparse.Namespace, stores: list[Path]) -> None:
+    """The child: ship what :meth:`ShipLoop.ship` asks, and every store it named each period.
+
+    Requests are served between two stores of a round, so a pass waits for at most one
+    ship of another store.
+    """
     client, files = RemoteClient.from_url(args.remote), FileLayer()
-    stores: list[Path] = []
     period = args.max_ship_lag.total_seconds() / 4
     due = time.monotonic() + period
-    while True:
-        try:
-            if conn.poll(max(0.0, due - time.monotonic())):
-                ask = conn.recv()
-                if ask[0] != "ship":
-                    return
-                store = Path(ask[1])
-                stores += [] if store in stores else [store]
-                reply = _ship_reply(store, args, files, client)
-                conn.send(reply)
-                if reply[0] == "fenced":
-                    return
-                continue
+    try:
+        while _requests(conn, stores, args, files, client, max(0.0, due - time.monotonic())):
             due = time.monotonic() + period
-            for store in stores:
+            for store in list(stores):
+                if not _requests(conn, stores, args, files, client, 0.0):
+                    return
                 reply = _ship_reply(store, args, files, client)
                 if reply[0] == "fenced":
                     conn.send(reply)
                     return
-        except (EOFError, OSError):
-            return  # the daemon is gone: nothing is left to ship for
+    except (EOFError, OSError):
+        return  # the daemon is gone: nothing is left to ship for
+
+
+def _requests(
+    conn: Connection,
+    stores: list[Path],
+    args: argparse.Namespace,
+    files: FileLayer,
+    client: RemoteClient,
+    wait: float,
+) -> bool:
+    """Serve the requests that arrive within ``wait`` seconds (or are waiting now).
+
+    :returns: False when the child must end: told to stop, or fenced.
+    :raises EOFError: the daemon is gone.
+    """
+    while conn.poll(wait):
+        ask = conn.recv()
+        if ask[0] != "ship":
+            return False
+        store = Path(ask[1])
+        stores += [] if store in stores else [store]
+        reply = _ship_reply(store, args, files, client)
+        conn.send(reply)
+        if reply[0] == "fenced":
+            return False
+        wait = 0.0
+    return True
 
 
 def _ship_reply(
@@ -204,13 +237,17 @@ def _ship_reply(
     try:
         ship_store(store, args, files, client)
     except FencedError as exc:
-        return ("fenced", str(store), exc.message, exc.ours, exc.current, exc.hint)
-    except (StatelogError, OSError) as exc:
+        bare = exc.message.removesuffix(f" (our generation {exc.ours}, current {exc.current})")
+        return ("fenced", str(store), bare, exc.ours, exc.current, exc.hint)
+    except StatelogError as exc:
         log.error("%s", kv(event="ship_failed", store=store, error=str(exc)))
-        return ("failed", str(exit_code_for(exc)), str(exc))
+        return ("failed", str(exit_code_for(exc)), exc.message, exc.hint)
+    except OSError as exc:
+        log.error("%s", kv(event="ship_failed", store=store, error=str(exc)))
+        return ("failed", str(exit_code_for(exc)), str(exc), ShipFailedError.hint)
     except Exception as exc:  # a bug must not end the shipping silently
         log.error("%s", kv(event="ship_failed", store=store, error=repr(exc)), exc_info=True)
-        return ("failed", str(EXIT_FAILED), repr(exc))
+        return ("failed", str(EXIT_FAILED), repr(exc), ShipFailedError.hint)
     return ("done",)
 
 
@@ -254,13 +291,23 @@ def fenced_exit(store: Path, exc: FencedError) -> int:
 
 
 def _main(argv: list[str]) -> None:
-    """``python -m compactor.shipping FD``: the child of :meth:`ShipLoop.start`."""
+    """``python -P -m compactor.shipping FD``: the child of :meth:`ShipLoop.start`."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # the daemon stops it
     conn = Connection(int(argv[0]))
     try:
-        args = conn.recv()
+        args, stores, nice = conn.recv()
     except (EOFError, OSError):
         return
-    _serve(conn, args)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(KeyValueFormatter())
+    logging.getLogger("statelog").addHandler(handler)
+    logging.getLogger("statelog").setLevel(args.log_level)
+    if os.getpriority(os.PRIO_PROCESS, 0) != nice:  # started again from the passes' thread
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        except OSError as exc:  # raising a priority needs privilege
+            log.warning("%s", kv(event="nice_refused", nice=nice, error=str(exc)))
+    _serve(conn, args, [Path(p) for p in stores])
 
 
 if __name__ == "__main__":

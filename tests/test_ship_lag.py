@@ -19,7 +19,12 @@ processes against the tests' S3 server; the host is lost by SIGKILLing both.
 | a ship that fails                                   | ShipFailedError with its exit status      |
 | the daemon SIGKILLed                                | its ship process ends by itself           |
 | the daemon running with ``--nice 10``               | its passes' thread 10 steps nicer, its    |
-|                                                     | ship process at the daemon's priority     |
+|                                                     | ship process at the daemon's priority,    |
+|                                                     | one started again too                     |
+| the ship process lost between passes                | started again at once, and it ships every |
+|                                                     | store the lost one shipped                |
+| a round ship of store B meets a takeover            | the daemon exits 4 naming B, not the      |
+|                                                     | store it was passing                      |
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ import statelog
 from compactor.daemon import nicer
 from compactor.shipping import ShipFailedError, ShipLoop
 from statelog.remote import LagCollector, lag, restore, ship
+from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import StoreLayout
 from tests.s3server import Remote, remote, s3  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -229,19 +236,24 @@ def test_a_takeover_the_ship_loop_meets_is_kept_for_the_daemon(
     remote: Remote,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    path = tmp_path / "s"
+    path, other = tmp_path / "s", tmp_path / "other"
     _commit(path, 1)
+    _commit(other, 1)
     loop = _ship_loop(remote, monkeypatch)
     loop.start()
     try:
+        loop.ship(other)
         loop.ship(path)
-        restore(remote.url, tmp_path / "b", take_over=True, client=remote.client())
+        sid = StoreLayout(path).read_identity(FileLayer())
+        restore(remote.url, tmp_path / "b", store_id=sid, take_over=True, client=remote.client())
         _commit(path, 2)  # the zombie goes on; its loop meets the new owner
         _wait("the fence", lambda: loop.fenced is not None, timeout=15)
         assert loop.fenced is not None and loop.fenced[0] == path
         assert (loop.fenced[1].ours, loop.fenced[1].current) == (1, 2)
+        assert str(loop.fenced[1]).count("our generation") == 1
         with pytest.raises(statelog.FencedError):
-            loop.ship(path)
+            loop.ship(other)  # another store's pass: the fence still names its own store
+        assert loop.fenced is not None and loop.fenced[0] == path
     finally:
         loop.stop()
 
@@ -315,12 +327,104 @@ def test_the_passes_run_nicer_than_the_shipping(tmp_path: Path, remote: Remote) 
 
 
 def test_nicer_puts_the_priority_back() -> None:
-    tid = threading.get_native_id()
-    before = os.getpriority(os.PRIO_PROCESS, tid)
-    with nicer(2):
-        assert os.getpriority(os.PRIO_PROCESS, tid) == min(19, before + 2)
+    seen: list[int] = []
+
+    def run() -> None:  # a thread of its own: a nicer one cannot always be put back
+        tid = threading.get_native_id()
+        seen.append(os.getpriority(os.PRIO_PROCESS, tid))
+        with nicer(2):
+            seen.append(os.getpriority(os.PRIO_PROCESS, tid))
+        seen.append(os.getpriority(os.PRIO_PROCESS, tid))
+        with nicer(0):
+            seen.append(os.getpriority(os.PRIO_PROCESS, tid))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    before, inside, after, unchanged = seen
+    assert inside == min(19, before + 2) and unchanged == after
     if os.geteuid() == 0:  # raising a priority again needs privilege
-        assert os.getpriority(os.PRIO_PROCESS, tid) == before
-    now = os.getpriority(os.PRIO_PROCESS, tid)
-    with nicer(0):
-        assert os.getpriority(os.PRIO_PROCESS, tid) == now
+        assert after == before
+
+
+def test_a_ship_process_started_again_takes_the_daemons_priority(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("raising a priority needs privilege")
+    path = tmp_path / "s"
+    _commit(path, 1)
+    own: list[int] = []
+    children: list[int] = []
+
+    def run() -> None:  # as the daemon: the loop made, then the passes' thread made nicer
+        loop = _ship_loop(remote, monkeypatch)
+        own.append(loop._nice)
+        loop.start()
+        try:
+            with nicer(5):
+                loop.ship(path)
+                assert loop._proc is not None
+                first = loop._proc.pid
+                os.kill(first, signal.SIGKILL)
+                _wait("a new ship process", lambda: loop.fenced is None and loop._proc is not None
+                      and loop._proc.pid != first)  # fmt: skip
+                assert loop._proc is not None
+                children.append(loop._proc.pid)
+                _wait("its priority", lambda: _nice(children[0]) == own[0], timeout=10)
+        finally:
+            loop.stop()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert children and own
+
+
+def test_a_lost_ship_process_goes_on_shipping_every_store(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    """Started again by the daemon's round wait, not by the next pass, and told every
+    store the lost one shipped."""
+    store = tmp_path / "store"
+    _commit(store, 1)
+    argv = _daemon(store, remote)
+    argv[argv.index("--interval") + 1] = "600"  # no pass after the first one
+    with _process(argv, env=remote.server.env()) as daemon:
+        _wait("the first ship", lambda: lag(store).epochs == 0 and _children(daemon.pid))
+        (first,) = _children(daemon.pid)
+        os.kill(first, signal.SIGKILL)
+        _wait("a new ship process", lambda: [c for c in _children(daemon.pid) if c != first])
+        _commit(store, 2)  # sealed at close: only a round ship can take it
+        _wait("the commit in the bucket", lambda: lag(store).epochs == 0, timeout=15)
+    assert _check_restored(remote, tmp_path / "restored") == 2
+
+
+def test_a_takeover_found_by_a_round_ship_names_its_store(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    _commit(a, 1)
+    _commit(b, 1)
+    argv = [*_daemon(a, remote), str(b)]
+    argv[argv.index("--interval") + 1] = "600"
+    with subprocess.Popen(
+        argv, cwd=REPO, env={**os.environ, **remote.server.env()},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    ) as daemon:  # fmt: skip
+        try:
+            _wait("both shipped", lambda: lag(a).epochs == 0 and lag(b).epochs == 0)
+            sid = StoreLayout(b).read_identity(FileLayer())
+            restore(remote.url, tmp_path / "elsewhere", store_id=sid, take_over=True,
+                    client=remote.client())  # fmt: skip
+            _commit(b, 2)  # the zombie's next round ship meets the new owner
+            _, err = daemon.communicate(timeout=60)
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+    assert daemon.returncode == 4, err
+    assert f"{b} was taken over" in err and f"{a} was taken over" not in err
