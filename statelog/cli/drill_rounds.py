@@ -50,7 +50,7 @@ from statelog.store.store import open as open_store
 __all__ = ["Drill", "Flip", "RoundResult", "verifies"]
 
 WAIT = 60.0  # seconds a child may take to reach the next step before the round fails
-_WRITER = [sys.executable, "-m", "statelog.cli.drill_writer"]
+_WRITER = [sys.executable, "-P", "-m", "statelog.cli.drill_writer"]
 
 
 @dataclasses.dataclass

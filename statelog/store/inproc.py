@@ -5,7 +5,9 @@ its own process (and, if need be, on its own host). For a single process
 that wants compaction without a second service, the writer can start one:
 
 * ``"process"``: a child process running the daemon on this store (the
-  same code, its own core, its own lock); stopped with SIGTERM on close;
+  same code, its own core, its own lock; ``python -P``, so that a
+  ``compactor`` directory where the writer runs cannot stand in for the
+  installed package); stopped with SIGTERM on close;
 * ``"thread"``: a thread of the writing process running one pass every
   interval. It shares the GIL with commits: simplest, and slowest.
 
@@ -98,7 +100,7 @@ class _ThreadCompactor:
 class _ProcessCompactor:
     def __init__(self, store: Path, s: CompactorSettings) -> None:
         argv = [
-            sys.executable, "-m", "compactor",
+            sys.executable, "-P", "-m", "compactor",
             "--interval", str(s.interval),
             "--min-tail-bytes", str(s.min_tail_bytes),
             "--retain", str(s.retain),
