@@ -5,9 +5,9 @@ Shipping runs every quarter ``--max-ship-lag`` beside the passes (which stay
 they commit reaches the bucket within about ``--max-ship-lag`` even while a
 long pass runs. It runs in a child process, not a thread: a full merge keeps
 the daemon's interpreter busy for seconds, and a ship thread beside it waits
-for the GIL after every read, hash and request (ships of one segment took
-0.2 s beside a pass where they take 0.03 s alone). The passes' own ships go
-through the same process, so one store's ships never overlap.
+for the GIL after every read, hash and request, and the sealed log waits
+behind the merge. The passes' own ships go through the same process, so
+one store's ships never overlap.
 """
 
 from __future__ import annotations
