@@ -92,7 +92,11 @@ The daemon reads only sealed segments and snapshots; the writer keeps running.
 )
 
 
-def _bounded(low: float, kind: type[int] | type[float]) -> Callable[[str], int | float]:
+def _bounded(
+    low: float, kind: type[int] | type[float], high: float | None = None
+) -> Callable[[str], int | float]:
+    """An argparse type: a ``kind`` from ``low`` to ``high`` (None: no upper bound)."""
+
     def parse(text: str) -> int | float:
         try:
             v = kind(text)
@@ -100,6 +104,8 @@ def _bounded(low: float, kind: type[int] | type[float]) -> Callable[[str], int |
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
         if v < low:
             raise argparse.ArgumentTypeError(f"{text} is below {low}")
+        if high is not None and v > high:
+            raise argparse.ArgumentTypeError(f"{text} is above {high}")
         return v
 
     return parse
@@ -196,10 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_pass_options(p: argparse.ArgumentParser) -> None:
     """``--level`` and ``--nice``: how a pass compresses, and at what CPU priority it runs."""
-    p.add_argument("--level", type=_bounded(1, int), default=3, help="zstd level, 1-22 (3)")
+    p.add_argument("--level", type=_bounded(1, int, 22), default=3, help="zstd level, 1-22 (3)")
     p.add_argument(
         "--nice",
-        type=_bounded(0, int),
+        type=_bounded(0, int, 19),
         default=PASS_NICE,
         metavar="N",
         help=f"run the passes N steps nicer than the daemon, 0-19 ({PASS_NICE}: its own "
@@ -238,14 +244,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, RemoteCl
         args.log_level = "DEBUG"
     elif args.quiet:
         args.log_level = "WARNING"
-    if args.level > 22:
-        parser.error(f"--level {args.level}: zstd levels go up to 22")
     if args.remote_retain is not None and args.remote is None:
         parser.error("--remote-retain needs --remote")
     if args.remote_retain_for is not None and args.remote is None:
         parser.error("--remote-retain-for needs --remote")
-    if args.nice > 19:
-        parser.error(f"--nice {args.nice}: at most 19")
     if args.max_ship_lag < timedelta(milliseconds=10):
         parser.error(f"--max-ship-lag {args.max_ship_lag}: at least 10 ms")
     client = None

@@ -237,13 +237,11 @@ def _ship_reply(
     try:
         ship_store(store, args, files, client)
     except FencedError as exc:
-        bare = exc.message.removesuffix(f" (our generation {exc.ours}, current {exc.current})")
-        return ("fenced", str(store), bare, exc.ours, exc.current, exc.hint)
-    except StatelogError as exc:
+        return ("fenced", str(store), exc.reason, exc.ours, exc.current, exc.hint)
+    except (StatelogError, OSError) as exc:
         log.error("%s", kv(event="ship_failed", store=store, error=str(exc)))
-        return ("failed", str(exit_code_for(exc)), exc.message, exc.hint)
-    except OSError as exc:
-        log.error("%s", kv(event="ship_failed", store=store, error=str(exc)))
+        if isinstance(exc, StatelogError):
+            return ("failed", str(exit_code_for(exc)), exc.message, exc.hint)
         return ("failed", str(exit_code_for(exc)), str(exc), ShipFailedError.hint)
     except Exception as exc:  # a bug must not end the shipping silently
         log.error("%s", kv(event="ship_failed", store=store, error=repr(exc)), exc_info=True)

@@ -268,8 +268,8 @@ class FencedError(StatelogError):
 
     def __init__(self, message: str, *, ours: int, current: int, hint: str | None = None) -> None:
         super().__init__(f"{message} (our generation {ours}, current {current})", hint=hint)
-        self.ours = ours
-        self.current = current
+        # reason: the message without the generations that ``message`` ends with
+        self.reason, self.ours, self.current = message, ours, current
 
 
 class ChangesUnavailableError(StatelogError):

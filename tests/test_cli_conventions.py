@@ -270,6 +270,8 @@ GOOD_SIZES = {
     "0": 0,
 }
 BAD_SIZES = ["64KB", "-1", "1.5", "x", "", "1e6", "64 MB", "1.0001k"]
+# The daemon's bounded integers: (option, the lowest, the highest).
+BOUNDED_OPTIONS = [("--level", 1, 22), ("--nice", 0, 19), ("--retain", 1, None)]
 
 
 def parsed(command: str, argv: list[str]) -> argparse.Namespace:
@@ -398,3 +400,16 @@ def test_the_daemon_takes_q_and_v_as_log_levels(argv: list[str], level: str) -> 
 
 def test_the_daemon_refuses_q_with_v(capsys: pytest.CaptureFixture[str]) -> None:
     assert "give one of them" in refused("compactor", ["-q", "-v", "S"], capsys)
+
+
+@pytest.mark.parametrize(("option", "low", "high"), BOUNDED_OPTIONS)
+def test_the_daemons_bounded_integers_refuse_what_is_out_of_range(
+    option: str, low: int, high: int | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dest = option.removeprefix("--")
+    assert getattr(parsed("compactor", [option, str(low), "S"]), dest) == low
+    assert "is below" in refused("compactor", [option, str(low - 1), "S"], capsys)
+    assert "not a number" in refused("compactor", [option, "x", "S"], capsys)
+    if high is not None:
+        assert getattr(parsed("compactor", [option, str(high), "S"]), dest) == high
+        assert "is above" in refused("compactor", [option, str(high + 1), "S"], capsys)
