@@ -1,73 +1,23 @@
-/* The exact-type checks of the commit path, in C.
+/* The commit path's exact-type key check and plain-batch encoder, in C.
  *
  * A commit must refuse every value whose type would not come back as itself
- * (statelog/format/values.py). The common batch holds only plain values, or
- * only dicts of plain keys and plain values, and checking the type of each of
- * its objects is the largest single cost of a commit when it runs as Python
- * iterators. These functions make the same decisions as plain_batch_py and
- * plain_keys_py in exact.py, which remain the reference and the fallback when
- * this module was not built; a test holds the two to the same answers.
+ * (statelog/format/values.py) and encode every value it keeps. The common
+ * batch holds only plain values, or dicts of plain keys and plain values, and
+ * checking and encoding it object by object through Python iterators and one
+ * msgspec call per value is the largest cost of a commit after the fsync.
+ * These functions give the answers of plain_keys_py and encode_plain_py in
+ * exact.py, which remain the reference and the fallback when this module was
+ * not built; a test holds the two to the same answers.
  *
- * Both functions only read object types and sizes: they call no Python code
- * (types are compared by address, so no metaclass __eq__ or __hash__ runs),
- * allocate nothing and hold the GIL throughout, so no object they read can
- * change under them. Neither raises for the contents it reads; a False answer
- * sends the batch to the per-object path, which decides and names the error.
+ * Types are compared by address, so no metaclass __eq__ or __hash__ runs; no
+ * code of the objects read runs at all, and the GIL is held throughout, so no
+ * object read can change underneath. Neither function raises for the contents
+ * it reads: a False or None answer sends the batch to the per-object path,
+ * which decides and names the error.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-
-/* Exact types only: a subclass (IntEnum, a str subclass) comes back as its base. */
-static inline int
-is_plain(PyObject *o)
-{
-    PyTypeObject *t = Py_TYPE(o);
-    return t == &PyUnicode_Type || t == &PyLong_Type || t == &PyFloat_Type
-        || t == &PyBytes_Type || t == &PyBool_Type || o == Py_None;
-}
-
-static int
-plain_dict(PyObject *d)
-{
-    Py_ssize_t pos = 0;
-    PyObject *k, *v;
-
-    while (PyDict_Next(d, &pos, &k, &v)) {
-        if (!is_plain(k) || !is_plain(v)) {
-            return 0;
-        }
-    }
-    return 1;
-}
-
-PyDoc_STRVAR(plain_batch_doc,
-"plain_batch(values: list) -> bool\n\n"
-"True when every item is of a plain type, or every item is a dict whose\n"
-"keys and values all are (exact types: None, bool, int, float, str, bytes).");
-
-static PyObject *
-plain_batch(PyObject *module, PyObject *values)
-{
-    Py_ssize_t i, n;
-
-    if (!PyList_CheckExact(values)) {
-        PyErr_SetString(PyExc_TypeError, "plain_batch() takes a list");
-        return NULL;
-    }
-    n = PyList_GET_SIZE(values);
-    for (i = 0; i < n && is_plain(PyList_GET_ITEM(values, i)); i++) {
-    }
-    if (i == n) {
-        Py_RETURN_TRUE;
-    }
-    for (i = 0; i < n; i++) {
-        PyObject *d = PyList_GET_ITEM(values, i);
-        if (!PyDict_CheckExact(d) || !plain_dict(d)) {
-            Py_RETURN_FALSE;
-        }
-    }
-    Py_RETURN_TRUE;
-}
+#include <string.h>
 
 PyDoc_STRVAR(plain_keys_doc,
 "plain_keys(keys: list, max_len: int) -> bool\n\n"
@@ -116,9 +66,321 @@ plain_keys(PyObject *module, PyObject *args)
     Py_RETURN_TRUE;
 }
 
+/* encode_plain: msgpack bytes of each value of a plain batch, the same bytes
+ * msgspec's encoder writes (the smallest int, str, bin and map headers; every
+ * float as float 64). Encoding a batch object by object through msgspec pays
+ * a call per value, the largest cost of a commit after the fsync. A test holds
+ * these bytes to msgspec's for every header size.
+ *
+ * A value outside the plain set (anything but an exact scalar, or an exact
+ * dict of exact scalars), an int outside msgpack's range, or a str that is
+ * not valid UTF-8 makes the whole answer None, with no error set: the caller's
+ * per-value path then decides and names the error. The result list is
+ * allocated before the first value is read, so no collection, and no
+ * finalizer it would run, can change a dict while it is being encoded.
+ */
+typedef struct {
+    char *data;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+} Buf;
+
+static int
+buf_reserve(Buf *b, Py_ssize_t more)
+{
+    Py_ssize_t need = b->len + more;
+    char *grown;
+
+    if (need <= b->cap) {
+        return 0;
+    }
+    if (more < 0 || need > PY_SSIZE_T_MAX / 2) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    grown = PyMem_Realloc(b->data, (size_t)(need * 2));
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = grown;
+    b->cap = need * 2;
+    return 0;
+}
+
+/* Writes byte c then the low n bytes of x, big-endian; space reserved by the caller. */
+static inline void
+put_be(Buf *b, unsigned char c, unsigned long long x, int n)
+{
+    unsigned char *p = (unsigned char *)b->data + b->len;
+
+    p[0] = c;
+    for (int i = n; i >= 1; i--) {
+        p[i] = (unsigned char)(x & 0xFF);
+        x >>= 8;
+    }
+    b->len += 1 + n;
+}
+
+/* A header of a sized type: the fix form below fix_limit, else 8, 16 or 32-bit length. */
+static int
+put_size(Buf *b, Py_ssize_t n, unsigned char fix, Py_ssize_t fix_limit,
+         unsigned char c8, unsigned char c16, unsigned char c32)
+{
+    if (buf_reserve(b, 5) < 0) {
+        return -1;
+    }
+    if (n < fix_limit) {
+        b->data[b->len++] = (char)(fix | (unsigned char)n);
+    }
+    else if (c8 != 0 && n < 0x100) {
+        put_be(b, c8, (unsigned long long)n, 1);
+    }
+    else if (n < 0x10000) {
+        put_be(b, c16, (unsigned long long)n, 2);
+    }
+    else if ((unsigned long long)n <= 0xFFFFFFFFULL) {
+        put_be(b, c32, (unsigned long long)n, 4);
+    }
+    else {
+        return 1;  /* too large for msgpack: the per-value path raises */
+    }
+    return 0;
+}
+
+static int
+put_raw(Buf *b, const char *p, Py_ssize_t n)
+{
+    if (buf_reserve(b, n) < 0) {
+        return -1;
+    }
+    memcpy(b->data + b->len, p, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+/* The value of a small int read in place (*ok set), else 0: the general path reads it. */
+static inline long long
+compact_int(PyObject *o, int *ok)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)o)) {
+        *ok = 1;
+        return (long long)PyUnstable_Long_CompactValue((PyLongObject *)o);
+    }
+#else
+    Py_ssize_t size = Py_SIZE(o);
+    const digit *d = ((PyLongObject *)o)->ob_digit;
+
+    if (size >= -1 && size <= 1) {
+        *ok = 1;
+        return (long long)size * (long long)d[0];
+    }
+    if (size == 2 || size == -2) {  /* 60 bits: millisecond timestamps */
+        long long v = (long long)d[0] | ((long long)d[1] << PyLong_SHIFT);
+        *ok = 1;
+        return size < 0 ? -v : v;
+    }
+#endif
+    return 0;
+}
+
+static int
+put_int(Buf *b, PyObject *o)
+{
+    int overflow = 0, ok = 0;
+    long long x = compact_int(o, &ok);
+
+    if (!ok) {
+        x = PyLong_AsLongLongAndOverflow(o, &overflow);
+    }
+    if (buf_reserve(b, 9) < 0) {
+        return -1;
+    }
+    if (overflow < 0) {
+        return 1;
+    }
+    if (overflow > 0) {
+        unsigned long long u = PyLong_AsUnsignedLongLong(o);
+        if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 1;
+        }
+        put_be(b, 0xcf, u, 8);
+        return 0;
+    }
+    if (x == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (x >= 0) {
+        unsigned long long u = (unsigned long long)x;
+        if (u < 0x80) {
+            b->data[b->len++] = (char)u;
+        }
+        else if (u < 0x100) {
+            put_be(b, 0xcc, u, 1);
+        }
+        else if (u < 0x10000) {
+            put_be(b, 0xcd, u, 2);
+        }
+        else if (u < 0x100000000ULL) {
+            put_be(b, 0xce, u, 4);
+        }
+        else {
+            put_be(b, 0xcf, u, 8);
+        }
+    }
+    else if (x >= -32) {
+        b->data[b->len++] = (char)(unsigned char)(x & 0xFF);
+    }
+    else if (x >= -128) {
+        put_be(b, 0xd0, (unsigned long long)x, 1);
+    }
+    else if (x >= -32768) {
+        put_be(b, 0xd1, (unsigned long long)x, 2);
+    }
+    else if (x >= -2147483648LL) {
+        put_be(b, 0xd2, (unsigned long long)x, 4);
+    }
+    else {
+        put_be(b, 0xd3, (unsigned long long)x, 8);
+    }
+    return 0;
+}
+
+/* One exact scalar: 0 written, 1 not encodable here (the per-value path decides), -1 error. */
+static int
+put_scalar(Buf *b, PyObject *o)
+{
+    PyTypeObject *t = Py_TYPE(o);
+
+    if (t == &PyUnicode_Type) {
+        Py_ssize_t n;
+        const char *p;
+        int r;
+
+        if (PyUnicode_IS_COMPACT_ASCII(o)) {  /* its characters are its UTF-8 */
+            n = PyUnicode_GET_LENGTH(o);
+            p = (const char *)PyUnicode_DATA(o);
+        }
+        else {
+            p = PyUnicode_AsUTF8AndSize(o, &n);
+        }
+        if (p == NULL) {
+            PyErr_Clear();  /* a lone surrogate: msgspec raises it on the per-value path */
+            return 1;
+        }
+        r = put_size(b, n, 0xa0, 32, 0xd9, 0xda, 0xdb);
+        return r != 0 ? r : put_raw(b, p, n);
+    }
+    if (t == &PyLong_Type) {
+        return put_int(b, o);
+    }
+    if (t == &PyFloat_Type) {
+        double d = PyFloat_AS_DOUBLE(o);
+        unsigned long long u;
+
+        if (buf_reserve(b, 9) < 0) {
+            return -1;
+        }
+        memcpy(&u, &d, sizeof u);
+        put_be(b, 0xcb, u, 8);
+        return 0;
+    }
+    if (t == &PyBytes_Type) {
+        Py_ssize_t n = PyBytes_GET_SIZE(o);
+        int r = put_size(b, n, 0, 0, 0xc4, 0xc5, 0xc6);
+        return r != 0 ? r : put_raw(b, PyBytes_AS_STRING(o), n);
+    }
+    if (buf_reserve(b, 1) < 0) {
+        return -1;
+    }
+    if (o == Py_None) {
+        b->data[b->len++] = (char)0xc0;
+    }
+    else if (o == Py_False) {
+        b->data[b->len++] = (char)0xc2;
+    }
+    else if (o == Py_True) {
+        b->data[b->len++] = (char)0xc3;
+    }
+    else {
+        return 1;
+    }
+    return 0;
+}
+
+static int
+put_value(Buf *b, PyObject *o)
+{
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    int r;
+
+    if (!PyDict_CheckExact(o)) {
+        return put_scalar(b, o);
+    }
+    r = put_size(b, PyDict_GET_SIZE(o), 0x80, 16, 0, 0xde, 0xdf);
+    while (r == 0 && PyDict_Next(o, &pos, &k, &v)) {
+        r = put_scalar(b, k);
+        if (r == 0) {
+            r = put_scalar(b, v);
+        }
+    }
+    return r;
+}
+
+PyDoc_STRVAR(encode_plain_doc,
+"encode_plain(values: list) -> list[bytes] | None\n\n"
+"The msgpack bytes of each value, as msgspec encodes it, when every value is\n"
+"an exact plain scalar or an exact dict of them and each encodes; else None.");
+
+static PyObject *
+encode_plain(PyObject *module, PyObject *values)
+{
+    Buf b = {NULL, 0, 0};
+    PyObject *out;
+    Py_ssize_t i, n;
+    int r = 0;
+
+    if (!PyList_CheckExact(values)) {
+        PyErr_SetString(PyExc_TypeError, "encode_plain() takes a list");
+        return NULL;
+    }
+    n = PyList_GET_SIZE(values);
+    out = PyList_New(n);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (i = 0; i < n && r == 0; i++) {
+        PyObject *item;
+
+        b.len = 0;
+        r = put_value(&b, PyList_GET_ITEM(values, i));
+        if (r != 0) {
+            break;
+        }
+        item = PyBytes_FromStringAndSize(b.data, b.len);
+        if (item == NULL) {
+            r = -1;
+            break;
+        }
+        PyList_SET_ITEM(out, i, item);
+    }
+    PyMem_Free(b.data);
+    if (r != 0) {
+        Py_DECREF(out);
+        if (r < 0) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
 static PyMethodDef exact_methods[] = {
-    {"plain_batch", (PyCFunction)plain_batch, METH_O, plain_batch_doc},
     {"plain_keys", (PyCFunction)plain_keys, METH_VARARGS, plain_keys_doc},
+    {"encode_plain", (PyCFunction)encode_plain, METH_O, encode_plain_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -133,7 +395,7 @@ static PyModuleDef_Slot exact_slots[] = {
 static struct PyModuleDef exact_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "statelog.format._exact",
-    .m_doc = "The commit path's exact-type checks, in C (see statelog.format.exact).",
+    .m_doc = "The commit path's key check and plain encoder, in C (see statelog.format.exact).",
     .m_size = 0,
     .m_methods = exact_methods,
     .m_slots = exact_slots,

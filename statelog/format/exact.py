@@ -1,31 +1,36 @@
-"""Exact-type checks of a commit's batch: which batches msgspec may encode as they are.
+"""Exact-type checks of a commit's batch, and the plain batch's encoder.
 
 A commit encodes every value it puts, and must first know that each one is of
-a type that comes back as itself (:mod:`statelog.format.values`). These checks
-answer for a whole batch at once: ``True`` only when every object is of an
-exact plain type; ``False`` sends the batch to the per-object path, which
+a type that comes back as itself (:mod:`statelog.format.values`). These
+functions answer for a whole batch at once. :func:`encode_plain` encodes a
+batch whose every value is of an exact plain type, or an exact dict of plain
+keys and values, the same bytes msgspec writes for each value; :func:`plain_keys`
+says whether every key is an exact ``str`` or ``bytes`` within a length. A
+``None`` or ``False`` answer sends the batch to the per-object path, which
 decides and names any error. They run no code of the objects they read and
 never raise for them.
 
-Each check has a Python reference (``*_py``) and, when the package was built
-with a C compiler, the same check in C (``statelog/format/_exact.c``): checking
-each object's type through Python iterators is otherwise the largest single
-cost of a commit. A test holds the two to the same answers; :data:`ACCELERATED`
-says which one :func:`plain_batch` and :func:`plain_keys` are.
+Each has a Python reference (``*_py``) and, when the package was built with a
+C compiler, the same function in C (``statelog/format/_exact.c``): checking
+each object's type through Python iterators, and encoding through one msgspec
+call per value, are otherwise the largest costs of a commit after the fsync.
+A test holds the two to the same answers; :data:`ACCELERATED` says which ones
+:func:`encode_plain` and :func:`plain_keys` are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from itertools import chain
 from typing import Any
+
+import msgspec
 
 __all__ = [
     "ACCELERATED",
     "PLAIN_TYPES",
     "PLAIN_TYPE_IDS",
-    "plain_batch",
-    "plain_batch_py",
+    "encode_plain",
+    "encode_plain_py",
     "plain_keys",
     "plain_keys_py",
 ]
@@ -38,27 +43,32 @@ PLAIN_TYPE_IDS = frozenset(map(id, PLAIN_TYPES))
 ``type(v)``, never ``v.__class__``, which an object may say anything for."""
 
 _KEY_TYPE_IDS = frozenset((id(str), id(bytes)))
-_DICT_ID = frozenset((id(dict),))
 _plain_only = PLAIN_TYPE_IDS.issuperset
-_flatten = chain.from_iterable
+_encode = msgspec.msgpack.Encoder().encode
 
 
 def _type_ids(objects: Iterable[Any]) -> Iterator[int]:
     return map(id, map(type, objects))
 
 
-def plain_batch_py(values: list[Any]) -> bool:
-    """Every value plain, or every value a dict of plain keys and plain values."""
-    if _plain_only(_type_ids(values)):
-        return True
-    if not _DICT_ID.issuperset(_type_ids(values)):
-        return False
+def _plain_value(v: Any) -> bool:
     # Types, never the keys themselves, go in a set: an IntEnum member equals its int
     # and a StrEnum member its str, so a set of keys could keep the plain one only.
-    keys = _flatten(values)  # a dict iterates its keys
-    return _plain_only(_type_ids(keys)) and _plain_only(
-        _type_ids(_flatten(map(dict.values, values)))
-    )
+    if type(v) is dict:
+        return _plain_only(_type_ids(v)) and _plain_only(_type_ids(v.values()))
+    return id(type(v)) in PLAIN_TYPE_IDS
+
+
+def encode_plain_py(values: list[Any]) -> list[bytes] | None:
+    """msgspec's bytes of each value, when every value is plain or a dict of plain keys
+    and values and every one encodes; else None (also for an int outside msgpack's
+    range or a lone surrogate), and the per-value path decides and names the error."""
+    if not all(map(_plain_value, values)):
+        return None
+    try:
+        return list(map(_encode, values))
+    except (OverflowError, UnicodeEncodeError):
+        return None
 
 
 def plain_keys_py(keys: list[Any], max_len: int) -> bool:
@@ -70,10 +80,12 @@ def plain_keys_py(keys: list[Any], max_len: int) -> bool:
 
 try:
     from statelog.format import _exact as _c
-except ImportError:  # built without a C compiler: the Python checks answer alike
+except ImportError:  # built without a C compiler: the Python references answer alike
     _c = None  # type: ignore[assignment]
 ACCELERATED = _c is not None
-"""True when the checks run in C."""
+"""True when these run in C."""
 
-plain_batch: Callable[[list[Any]], bool] = plain_batch_py if _c is None else _c.plain_batch
+encode_plain: Callable[[list[Any]], list[bytes] | None] = (
+    encode_plain_py if _c is None else _c.encode_plain
+)
 plain_keys: Callable[[list[Any], int], bool] = plain_keys_py if _c is None else _c.plain_keys

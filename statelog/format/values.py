@@ -37,7 +37,7 @@ from typing import Any
 
 import msgspec
 
-from statelog.format.exact import PLAIN_TYPE_IDS, plain_batch
+from statelog.format.exact import PLAIN_TYPE_IDS, encode_plain
 
 __all__ = [
     "EXT_DATE",
@@ -104,18 +104,19 @@ def encode_value(v: Any) -> bytes:
 def encode_values(values: Sequence[Any]) -> list[bytes]:
     """:func:`encode_value` of each of ``values``, the same bytes, the same errors.
 
-    A commit encodes every value it puts, so this is on the commit path. When
-    every value is of a plain type, or every value is a dict whose keys and
-    values all are (one check of the whole batch:
-    :func:`statelog.format.exact.plain_batch`), msgspec encodes each value as
-    it is; any other batch takes :func:`encode_value` per value.
+    A commit encodes every value it puts, so this is on the commit path. A
+    batch whose every value is of a plain type or a dict of plain keys and
+    values is encoded in one call (:func:`statelog.format.exact.encode_plain`,
+    msgspec's bytes); any other batch, or one that fails to encode there,
+    takes :func:`encode_value` per value, which names the error.
 
     :raises TypeError, OverflowError, RecursionError: as :func:`encode_value`,
         for the first value that fails.
     """
     batch = values if type(values) is list else list(values)
-    if plain_batch(batch):
-        return list(map(_encode, batch))
+    encoded = encode_plain(batch)
+    if encoded is not None:
+        return encoded
     return list(map(encode_value, batch))
 
 
