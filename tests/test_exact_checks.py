@@ -360,3 +360,29 @@ def test_an_object_that_lies_about_its_type_is_refused_and_nothing_written(
         assert (s.epoch, s.offsets, s.low_watermark_ms) == (1, {"p0": 5}, 10)
     with statelog.open(tmp_path / "s", readonly=True) as ro:
         assert ro.epoch == 1 and ro.get("before") == 1
+
+
+def test_a_finalizer_that_empties_the_batch_during_the_call_crashes_nothing() -> None:
+    """Allocating the result may run a collection, whose finalizers may change the
+    batch; an encoder that went on with the size it read before would read freed
+    memory. The answer is then None (the per-value path reads the batch anew) or, where
+    no collection ran, the bytes of the batch as it was."""
+    script = """
+import gc, msgspec
+from statelog.format import _exact
+batch = [str(i) * 50 for i in range(10)]
+before = [msgspec.msgpack.encode(v) for v in batch]
+class Clears:
+    def __del__(self):
+        batch.clear()
+gc.disable()
+c = Clears(); c.me = c; del c
+keep = [[] for _ in range(200)]  # no free list left: the result list comes from the collector
+gc.set_threshold(1)
+gc.enable()
+out = _exact.encode_plain(batch)
+assert out is None or out == before, out
+print("cleared" if not batch else "kept")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, (done.returncode, done.stderr)

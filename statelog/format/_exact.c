@@ -9,11 +9,10 @@
  * exact.py, which remain the reference and the fallback when this module was
  * not built; a test holds the two to the same answers.
  *
- * Types are compared by address, so no metaclass __eq__ or __hash__ runs; no
- * code of the objects read runs at all, and the GIL is held throughout, so no
- * object read can change underneath. Neither function raises for the contents
- * it reads: a False or None answer sends the batch to the per-object path,
- * which decides and names the error.
+ * Types are compared by address, so no metaclass __eq__ or __hash__ runs,
+ * and the GIL is held throughout. Neither function raises for the contents it
+ * reads: a False or None answer sends the batch to the per-object path, which
+ * decides and names the error.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -75,9 +74,13 @@ plain_keys(PyObject *module, PyObject *args)
  * A value outside the plain set (anything but an exact scalar, or an exact
  * dict of exact scalars), an int outside msgpack's range, or a str that is
  * not valid UTF-8 makes the whole answer None, with no error set: the caller's
- * per-value path then decides and names the error. The result list is
- * allocated before the first value is read, so no collection, and no
- * finalizer it would run, can change a dict while it is being encoded.
+ * per-value path then decides and names the error.
+ *
+ * Allocating the result list may run a collection, and its finalizers may
+ * change the batch, so its size is read again after that. Nothing allocated
+ * while values are read is tracked by the collector (bytes, a str's UTF-8
+ * copy, the scratch buffer), so no dict can change while it is encoded; an
+ * exception raised on the way (which may collect) ends the call at once.
  */
 typedef struct {
     char *data;
@@ -108,7 +111,7 @@ buf_reserve(Buf *b, Py_ssize_t more)
     return 0;
 }
 
-/* Writes byte c then the low n bytes of x, big-endian; space reserved by the caller. */
+/* msgpack's multi-byte numbers and lengths are big-endian; space reserved by the caller. */
 static inline void
 put_be(Buf *b, unsigned char c, unsigned long long x, int n)
 {
@@ -159,7 +162,8 @@ put_raw(Buf *b, const char *p, Py_ssize_t n)
     return 0;
 }
 
-/* The value of a small int read in place (*ok set), else 0: the general path reads it. */
+/* Almost every int a reconciler stores has one or two digits: read them in place,
+ * without the call the general path costs (*ok set); else 0. */
 static inline long long
 compact_int(PyObject *o, int *ok)
 {
@@ -192,25 +196,26 @@ put_int(Buf *b, PyObject *o)
     long long x = compact_int(o, &ok);
 
     if (!ok) {
+        /* An exact int cannot fail here: it only overflows. */
         x = PyLong_AsLongLongAndOverflow(o, &overflow);
+    }
+    if (overflow < 0) {
+        return 1;  /* below -2**63: msgspec's OverflowError, on the per-value path */
     }
     if (buf_reserve(b, 9) < 0) {
         return -1;
     }
-    if (overflow < 0) {
-        return 1;
-    }
     if (overflow > 0) {
         unsigned long long u = PyLong_AsUnsignedLongLong(o);
         if (u == (unsigned long long)-1 && PyErr_Occurred()) {
-            PyErr_Clear();
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                return -1;
+            }
+            PyErr_Clear();  /* above 2**64-1 */
             return 1;
         }
         put_be(b, 0xcf, u, 8);
         return 0;
-    }
-    if (x == -1 && PyErr_Occurred()) {
-        return -1;
     }
     if (x >= 0) {
         unsigned long long u = (unsigned long long)x;
@@ -267,6 +272,9 @@ put_scalar(Buf *b, PyObject *o)
             p = PyUnicode_AsUTF8AndSize(o, &n);
         }
         if (p == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) {
+                return -1;
+            }
             PyErr_Clear();  /* a lone surrogate: msgspec raises it on the per-value path */
             return 1;
         }
@@ -352,7 +360,11 @@ encode_plain(PyObject *module, PyObject *values)
     if (out == NULL) {
         return NULL;
     }
-    for (i = 0; i < n && r == 0; i++) {
+    if (PyList_GET_SIZE(values) != n) {
+        Py_DECREF(out);  /* a finalizer changed the batch: the per-value path reads it */
+        Py_RETURN_NONE;
+    }
+    for (i = 0; i < n; i++) {
         PyObject *item;
 
         b.len = 0;

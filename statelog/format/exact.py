@@ -67,7 +67,7 @@ def encode_plain_py(values: list[Any]) -> list[bytes] | None:
         return None
     try:
         return list(map(_encode, values))
-    except (OverflowError, UnicodeEncodeError):
+    except (OverflowError, UnicodeEncodeError, ValueError):  # ValueError: a str over 4 GiB
         return None
 
 
