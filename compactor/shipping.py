@@ -8,6 +8,13 @@ the daemon's interpreter busy for seconds, and a ship thread beside it waits
 for the GIL after every read, hash and request, and the sealed log waits
 behind the merge. The passes' own ships go through the same process, so
 one store's ships never overlap.
+
+A round skips a store whose log, snapshots and ship record are as they were
+before its last ship that succeeded: that ship took everything there was, and
+asking the bucket again would cost a request every quarter bound for every
+idle store. Every :data:`IDLE_RECHECK` bounds each store is shipped all the
+same, so a takeover of an idle store is still noticed, and time-based remote
+retention still runs.
 """
 
 from __future__ import annotations
@@ -31,8 +38,10 @@ from statelog.compaction.logfmt import LOGGER, KeyValueFormatter, kv
 from statelog.errors import FencedError, StatelogError
 from statelog.remote import RemoteClient, ship
 from statelog.storage.fileio import FileLayer
+from statelog.storage.layout import REMOTE_RECORD, StoreLayout
 
 __all__ = [
+    "IDLE_RECHECK",
     "STOP_SIGNALS",
     "ShipFailedError",
     "ShipLoop",
@@ -50,6 +59,50 @@ _STOP_WAIT = 120.0
 
 _Reply = tuple[str, ...] | tuple[str, str, str, int, int, str]
 """A message from the child: ``done``, ``failed`` (status, message, hint), ``fenced``."""
+
+
+IDLE_RECHECK = 10
+"""A store with nothing new on this host is shipped anyway every this many ``--max-ship-lag``."""
+
+_LocalState = tuple[tuple[str, int, int], ...]
+
+
+def _local_state(store: Path) -> _LocalState:
+    """What a ship of ``store`` reads on this host: its log, its snapshots and its ship
+    record, each by name, size and modification time. A file gone while it is listed is
+    left out, which only makes the answer differ from the last one."""
+    layout = StoreLayout(store)
+    found: list[tuple[str, int, int]] = []
+    for folder in (layout.wal, layout.snapshots):
+        with contextlib.suppress(FileNotFoundError), os.scandir(folder) as entries:
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):
+                    st = entry.stat()
+                    found.append((entry.path, st.st_size, st.st_mtime_ns))
+    with contextlib.suppress(FileNotFoundError):
+        st = (store / REMOTE_RECORD).stat()
+        found.append((REMOTE_RECORD, st.st_size, st.st_mtime_ns))
+    return tuple(sorted(found))
+
+
+class _Idle:
+    """The stores a round may skip: unchanged since their last ship that succeeded,
+    and shipped less than ``recheck`` seconds ago."""
+
+    def __init__(self, recheck: float) -> None:
+        self._recheck = recheck
+        self._shipped: dict[Path, tuple[_LocalState, float]] = {}
+
+    def unchanged(self, store: Path, state: _LocalState) -> bool:
+        last = self._shipped.get(store)
+        return last is not None and last[0] == state and time.monotonic() - last[1] < self._recheck
+
+    def shipped(self, store: Path, before: _LocalState | None) -> None:
+        """Record a ship of ``store`` that found ``before``; None: it failed, ship it again."""
+        if before is None:
+            self._shipped.pop(store, None)
+        else:
+            self._shipped[store] = (before, time.monotonic())
 
 
 class ShipFailedError(StatelogError):
@@ -181,13 +234,15 @@ class ShipLoop:
 
 
 def _serve(conn: Connection, args: argparse.Namespace, stores: list[Path]) -> None:
-    """The child: ship what :meth:`ShipLoop.ship` asks, and every store it named each period.
+    """The child: ship what :meth:`ShipLoop.ship` asks, and every store it named each period
+    (an idle one every :data:`IDLE_RECHECK` bounds: the module docstring).
 
     Requests are served between two stores of a round, so a pass waits for at most one
     ship of another store.
     """
     client, files = RemoteClient.from_url(args.remote), FileLayer()
     period = args.max_ship_lag.total_seconds() / 4
+    idle = _Idle(IDLE_RECHECK * args.max_ship_lag.total_seconds())
     due = time.monotonic() + period
     try:
         while _requests(conn, stores, args, files, client, max(0.0, due - time.monotonic())):
@@ -195,10 +250,15 @@ def _serve(conn: Connection, args: argparse.Namespace, stores: list[Path]) -> No
             for store in list(stores):
                 if not _requests(conn, stores, args, files, client, 0.0):
                     return
+                # Read before the ship: a segment sealed while it runs differs next round.
+                before = _local_state(store)
+                if idle.unchanged(store, before):
+                    continue
                 reply = _ship_reply(store, args, files, client)
                 if reply[0] == "fenced":
                     conn.send(reply)
                     return
+                idle.shipped(store, before if reply[0] == "done" else None)
     except (EOFError, OSError):
         return  # the daemon is gone: nothing is left to ship for
 

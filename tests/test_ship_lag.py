@@ -25,6 +25,9 @@ processes against the tests' S3 server; the host is lost by SIGKILLing both.
 |                                                     | store the lost one shipped                |
 | a round ship of store B meets a takeover            | the daemon exits 4 naming B, not the      |
 |                                                     | store it was passing                      |
+| a store with nothing new on the host                | not shipped every round, but every        |
+|                                                     | IDLE_RECHECK bounds; a commit at once     |
+| a takeover of a store with nothing new              | noticed by those ships                    |
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import pytest
 
 import statelog
 from compactor.daemon import nicer
-from compactor.shipping import ShipFailedError, ShipLoop
+from compactor.shipping import IDLE_RECHECK, ShipFailedError, ShipLoop
 from statelog.remote import LagCollector, lag, restore, ship
 from statelog.storage.fileio import FileLayer
 from statelog.storage.layout import StoreLayout
@@ -428,3 +431,55 @@ def test_a_takeover_found_by_a_round_ship_names_its_store(
                 daemon.kill()
     assert daemon.returncode == 4, err
     assert f"{b} was taken over" in err and f"{a} was taken over" not in err
+
+
+def _idle_loop(remote: Remote, monkeypatch: pytest.MonkeyPatch, bound: float) -> ShipLoop:  # noqa: F811
+    loop = _ship_loop(remote, monkeypatch)
+    loop._args.max_ship_lag, loop._args.log_level = timedelta(seconds=bound), "INFO"
+    return loop
+
+
+def test_an_idle_store_is_shipped_every_recheck_not_every_round(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Each ship of an idle store asks the bucket for its manifest: every quarter bound,
+    for every shard of a host, that is a bill of requests for nothing."""
+    path, bound = tmp_path / "s", 0.2
+    _commit(path, 1)
+    loop = _idle_loop(remote, monkeypatch, bound)
+    loop.start()
+    try:
+        loop.ship(path)
+        time.sleep(2.2 * IDLE_RECHECK * bound)
+        ships = capfd.readouterr().err.count("event=shipped")
+        # The asked ship, the first round's, then one each recheck: about 4, where a
+        # ship every round (every 50 ms) would be dozens.
+        assert 2 <= ships <= 6, ships
+        _commit(path, 2)  # sealed at close: the next round ships it
+        _wait("the new commit in the bucket", lambda: lag(path).epochs == 0, timeout=5)
+    finally:
+        loop.stop()
+    assert restore(remote.url, tmp_path / "r", client=remote.client()).epoch == 2
+
+
+def test_a_takeover_of_an_idle_store_is_noticed_by_its_recheck(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path, bound = tmp_path / "s", 0.2
+    _commit(path, 1)
+    loop = _idle_loop(remote, monkeypatch, bound)
+    loop.start()
+    try:
+        loop.ship(path)
+        time.sleep(0.5)  # a round has shipped it: from now on it is idle
+        sid = StoreLayout(path).read_identity(FileLayer())
+        restore(remote.url, tmp_path / "b", store_id=sid, take_over=True, client=remote.client())
+        _wait("the fence", lambda: loop.fenced is not None, timeout=4 * IDLE_RECHECK * bound + 5)
+        assert loop.fenced is not None and loop.fenced[0] == path
+    finally:
+        loop.stop()
