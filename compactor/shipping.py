@@ -13,8 +13,8 @@ A round skips a store whose log, snapshots and ship record are as they were
 before its last ship that succeeded: that ship took everything there was, and
 asking the bucket again would cost a request every quarter bound for every
 idle store. Every :data:`IDLE_RECHECK` bounds each store is shipped all the
-same, so a takeover of an idle store is still noticed, and time-based remote
-retention still runs.
+same (as it is by its passes), so a takeover of an idle store is still
+noticed, and time-based remote retention still runs.
 """
 
 from __future__ import annotations
@@ -64,24 +64,32 @@ _Reply = tuple[str, ...] | tuple[str, str, str, int, int, str]
 IDLE_RECHECK = 10
 """A store with nothing new on this host is shipped anyway every this many ``--max-ship-lag``."""
 
-_LocalState = tuple[tuple[str, int, int], ...]
+_LocalState = tuple[tuple[str, int, int, int, int], ...]
 
 
-def _local_state(store: Path) -> _LocalState:
+def _stamp(name: str, st: os.stat_result) -> tuple[str, int, int, int, int]:
+    # The inode and ctime too: a file replaced by one of the same size within one tick
+    # of a coarse mtime clock still differs.
+    return (name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+
+
+def _local_state(store: Path) -> _LocalState | None:
     """What a ship of ``store`` reads on this host: its log, its snapshots and its ship
-    record, each by name, size and modification time. A file gone while it is listed is
-    left out, which only makes the answer differ from the last one."""
+    record, each by name, size, times and inode; None when they cannot be read (the
+    ship then runs and reports the error for this store alone). A file gone while it is
+    listed is left out, which only makes the answer differ from the last one."""
     layout = StoreLayout(store)
-    found: list[tuple[str, int, int]] = []
-    for folder in (layout.wal, layout.snapshots):
-        with contextlib.suppress(FileNotFoundError), os.scandir(folder) as entries:
-            for entry in entries:
-                with contextlib.suppress(FileNotFoundError):
-                    st = entry.stat()
-                    found.append((entry.path, st.st_size, st.st_mtime_ns))
-    with contextlib.suppress(FileNotFoundError):
-        st = (store / REMOTE_RECORD).stat()
-        found.append((REMOTE_RECORD, st.st_size, st.st_mtime_ns))
+    found: list[tuple[str, int, int, int, int]] = []
+    try:
+        for folder in (layout.wal, layout.snapshots):
+            with contextlib.suppress(FileNotFoundError), os.scandir(folder) as entries:
+                for entry in entries:
+                    with contextlib.suppress(FileNotFoundError):
+                        found.append(_stamp(entry.path, entry.stat()))
+        with contextlib.suppress(FileNotFoundError):
+            found.append(_stamp(REMOTE_RECORD, (store / REMOTE_RECORD).stat()))
+    except OSError:
+        return None
     return tuple(sorted(found))
 
 
@@ -93,9 +101,11 @@ class _Idle:
         self._recheck = recheck
         self._shipped: dict[Path, tuple[_LocalState, float]] = {}
 
-    def unchanged(self, store: Path, state: _LocalState) -> bool:
+    def unchanged(self, store: Path, state: _LocalState | None) -> bool:
         last = self._shipped.get(store)
-        return last is not None and last[0] == state and time.monotonic() - last[1] < self._recheck
+        if state is None or last is None:
+            return False
+        return last[0] == state and time.monotonic() - last[1] < self._recheck
 
     def shipped(self, store: Path, before: _LocalState | None) -> None:
         """Record a ship of ``store`` that found ``before``; None: it failed, ship it again."""

@@ -28,6 +28,8 @@ processes against the tests' S3 server; the host is lost by SIGKILLing both.
 | a store with nothing new on the host                | not shipped every round, but every        |
 |                                                     | IDLE_RECHECK bounds; a commit at once     |
 | a takeover of a store with nothing new              | noticed by those ships                    |
+| one store's files unreadable (a symlink loop)       | its ship fails alone; the other store's   |
+|                                                     | commit is shipped by the next round       |
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -481,5 +484,31 @@ def test_a_takeover_of_an_idle_store_is_noticed_by_its_recheck(
         restore(remote.url, tmp_path / "b", store_id=sid, take_over=True, client=remote.client())
         _wait("the fence", lambda: loop.fenced is not None, timeout=4 * IDLE_RECHECK * bound + 5)
         assert loop.fenced is not None and loop.fenced[0] == path
+    finally:
+        loop.stop()
+
+
+def test_a_store_that_cannot_be_read_holds_no_other_store_back(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A failing disk under one shard (EIO, EACCES, ESTALE; here ELOOP) fails that shard's
+    ships, each logged, and never ends the ship process the others depend on."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    _commit(a, 1)
+    _commit(b, 1)
+    loop = _idle_loop(remote, monkeypatch, 1.0)
+    loop.start()
+    try:
+        loop.ship(a)
+        loop.ship(b)
+        shutil.rmtree(a / "wal")
+        os.symlink("wal", a / "wal")
+        _commit(b, 2)  # sealed at close: the next round ships it
+        _wait("b's commit in the bucket", lambda: loop.fenced is None and lag(b).epochs == 0, 10)
+        err = capfd.readouterr().err
+        assert "event=ship_failed" in err and "ship_process_lost" not in err
     finally:
         loop.stop()
