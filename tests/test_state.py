@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 from statelog.format.records import encode_value
@@ -84,6 +85,7 @@ def test_a_swap_hands_the_generations_it_folds_to_the_caller(tmp_path: Path) -> 
         state.begin_generation(seg)
         state.apply(epoch, {}, 0, [("t", [f"k{seg}"], [encode_value(seg)], [])])
     first, second, third = state.generations
+    assert state.get("t", "k1") == encode_value(1)  # a read before the swap, through all three
     image = tmp_path / "img.mdb"
     with ImageBuilder.create(tmp_path / "work.mdb") as b:
         b.apply("t", ["k1", "k2"], [encode_value(1), encode_value(2)], [])
@@ -93,6 +95,10 @@ def test_a_swap_hands_the_generations_it_folds_to_the_caller(tmp_path: Path) -> 
     assert dropped == [first, second]
     assert state.generations == [third]
     assert [state.get("t", k) for k in ("k1", "k2", "k3")] == [encode_value(n) for n in (1, 2, 3)]
+    # Nothing the state keeps for its reads still holds a folded table: freeing the
+    # dropped generations frees their entries.
+    for folded in (first.tables["t"], second.tables["t"]):
+        assert not [r for r in gc.get_referrers(folded) if isinstance(r, list)]
 
 
 # -- reads against a model, across generations, merges and swaps ----------------------

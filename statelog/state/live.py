@@ -86,6 +86,10 @@ class LiveState:
         self.overlay_bytes = 0
         """Log bytes of the records in the overlay: what a compactor has yet to fold."""
         self._sealed: dict[str, _Sealed] = {}  # cleared whenever the sealed set changes
+        # Per table, its dict in each generation, newest first: a read walks this list
+        # instead of asking every generation for the table (half the lookups of a miss).
+        # Cleared whenever a generation, or a table's dict in one, comes or goes.
+        self._chains: dict[str, list[dict[Key, bytes | None]]] = {}
 
     # -- writing ----------------------------------------------------------
     def begin_generation(self, segment: int, limit: int = MAX_GENERATIONS) -> None:
@@ -102,7 +106,7 @@ class LiveState:
             top.segment, top.first_epoch = segment, self.epoch + 1
             return
         self.generations.append(Generation(segment, self.epoch + 1))
-        self._sealed.clear()
+        self._changed()
         while len(self.generations) > max(2, limit):
             self._merge_smallest_pair()
 
@@ -127,6 +131,7 @@ class LiveState:
             table = top.tables.get(name)
             if table is None:
                 table = top.tables[name] = {}
+                self._chains.pop(name, None)
             if deletes:
                 if shadowing:
                     table.update(dict.fromkeys(deletes))
@@ -173,7 +178,7 @@ class LiveState:
             dropped.extend(g for g in self.generations if id(g) not in kept_ids)
         self.generations = kept
         self.overlay_bytes = sum(g.record_bytes for g in kept)
-        self._sealed.clear()
+        self._changed()
         return old
 
     def _merge_smallest_pair(self) -> None:
@@ -200,16 +205,23 @@ class LiveState:
         older.record_bytes += newer.record_bytes
         older.segment = newer.segment
         del self.generations[i + 1]
+        self._changed()
+
+    def _changed(self) -> None:
+        """The generations changed: forget what was derived from them."""
         self._sealed.clear()
+        self._chains.clear()
 
     # -- reading ----------------------------------------------------------
     def get(self, table: str, key: Any) -> bytes | None:
-        for g in reversed(self.generations):
-            t = g.tables.get(table)
-            if t is not None:
-                v = t.get(key, _MISSING)
-                if v is not _MISSING:
-                    return v  # type: ignore[return-value]
+        chain = self._chains.get(table)
+        if chain is None:
+            found = (g.tables.get(table) for g in reversed(self.generations))
+            chain = self._chains[table] = [t for t in found if t is not None]
+        for t in chain:
+            v = t.get(key, _MISSING)
+            if v is not _MISSING:
+                return v  # type: ignore[return-value]
         return self.base.get(table, key)
 
     def _sealed_table(self, table: str) -> _Sealed:
