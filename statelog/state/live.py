@@ -72,7 +72,12 @@ class _Sealed(NamedTuple):
 
 
 class LiveState:
-    """Everything a reader sees. Mutated only by :meth:`apply` and :meth:`swap_base`."""
+    """Everything a reader sees. Mutated only by :meth:`apply` and :meth:`swap_base`.
+
+    Not thread-safe: once another thread may use it, every call, reads included, holds
+    the store's view lock. A read writes too (the per-table list of dicts it walks), and
+    a list saved from before a writer's change would go on hiding that change's entries.
+    """
 
     def __init__(self) -> None:
         self.epoch = 0
@@ -214,6 +219,8 @@ class LiveState:
 
     # -- reading ----------------------------------------------------------
     def get(self, table: str, key: Any) -> bytes | None:
+        """The encoded value of ``key``, None if absent or deleted. Holds the view lock
+        (the class docstring): it may save the list of ``table``'s dicts it walks."""
         chain = self._chains.get(table)
         if chain is None:
             found = (g.tables.get(table) for g in reversed(self.generations))
