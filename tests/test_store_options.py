@@ -29,7 +29,7 @@ DOCUMENTED_DEFAULTS: dict[str, Any] = {
     "tables": (),
     "group_delay": timedelta(milliseconds=2),
     "segment_bytes": 64 * MiB,
-    "fragment_bytes": None,  # 1 MiB, or segment_bytes if smaller: see fragment_size
+    "fragment_bytes": None,  # 16 MiB, or segment_bytes if smaller: see fragment_size
     "max_record_bytes": 64 * MiB,
     "readonly": False,
     "at": None,
@@ -180,7 +180,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert fields == DOCUMENTED_DEFAULTS
     opts = StoreOptions()
     assert {name: getattr(opts, name) for name in fields} == DOCUMENTED_DEFAULTS
-    assert opts.fragment_size == 1 * MiB
+    assert opts.fragment_size == 16 * MiB
     assert StoreOptions(segment_bytes=8192).fragment_size == 8192
     assert StoreOptions(fragment_bytes=4096).fragment_size == 4096
     assert StoreOptions.from_kwargs() == opts

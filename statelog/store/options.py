@@ -82,7 +82,7 @@ class StoreOptions:
     segment_bytes: int = 64 * _MiB
     """Roll to a new segment past this size (4096 to 2**32-1)."""
     fragment_bytes: int | None = None
-    """Split records larger than this into fragments; None: 1 MiB, or
+    """Split records larger than this into fragments; None: 16 MiB, or
     ``segment_bytes`` if smaller (see :attr:`fragment_size`)."""
     max_record_bytes: int = 64 * _MiB
     """Refuse commits whose record is larger."""
@@ -196,8 +196,11 @@ class StoreOptions:
         """``fragment_bytes``, or its default for this ``segment_bytes``."""
         if self.fragment_bytes is not None:
             return self.fragment_bytes
+        # Large: a reader hands out a one-frame record's payload without copying it,
+        # where a fragmented one is joined into a copy first (a restore, a recovery
+        # and a fold each read every record of the tail).
         segment = self.segment_bytes
-        return min(_MiB, segment) if isinstance(segment, int) else _MiB
+        return min(16 * _MiB, segment) if isinstance(segment, int) else 16 * _MiB
 
 
 _NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(StoreOptions))
