@@ -18,6 +18,7 @@ import pytest
 
 import statelog
 from statelog import InvalidOptionError, StoreOptions
+from statelog.log.reader import scan_segment
 from statelog.storage.fileio import FileLayer
 from tests.helpers import segments
 
@@ -249,3 +250,17 @@ def test_a_file_layer_subclass_is_accepted(store_path: Path) -> None:
 def test_store_options_is_public() -> None:
     assert "StoreOptions" in statelog.__all__
     assert statelog.StoreOptions is StoreOptions
+
+
+def test_a_checkpoint_of_a_few_mib_is_one_frame_by_default(tmp_path: Path) -> None:
+    """With the default options a 4 MiB commit record is one ``FULL`` frame, which a reader
+    hands out as a view of the bytes it read: a fragmented record would be joined into a
+    copy first, on every restore, recovery and fold that reads it."""
+    with statelog.open(tmp_path / "s") as st:
+        st.commit(put={f"k{i:06d}": "v" * 100 for i in range(40_000)})
+    (path,) = sorted((tmp_path / "s" / "wal").glob("*.wal"))
+    data = path.read_bytes()
+    scan = scan_segment(path, data, store_id=None, prev_crc=None, is_last=False)
+    (record,) = scan.records
+    assert len(record.payload) > 4 * MiB
+    assert isinstance(record.payload, memoryview) and record.payload.obj is data
