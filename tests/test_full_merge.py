@@ -21,11 +21,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import statelog.compaction.merge
 from statelog.compaction.delta import Changes
 from statelog.compaction.merge import merge_levels
 from statelog.storage.image import BaseLevel
 from statelog.storage.layered import open_levels
-from statelog.storage.snapshot_body import TOMBSTONE, StreamBuild
+from statelog.storage.snapshot_body import TOMBSTONE, StreamBuild, StreamTee, stream_image
 
 Level = dict[str, dict[bytes, bytes | None]]  # table -> key -> value, None: tombstone
 
@@ -62,10 +63,20 @@ def _merged(tmp: Path, full: Level, deltas: list[Level], tail: Level) -> dict[st
     changes = Changes()
     changes.tables.update({t: dict(e) for t, e in tail.items()})  # already encoded keys
     base = open_levels(paths, counts)
+    teed: list[bytes] = []
     try:
         got_counts = merge_levels(base, changes, tmp / "merged.mdb")
+        # The body a merge pass writes, streamed while it builds its image: the bytes
+        # streaming the finished image would give, and the same counts.
+        tee = StreamTee(teed.append)
+        merge_levels(base, changes, tmp / "teed.mdb", tee)
+        tee_size, tee_counts = tee.finish()
     finally:
         base.close()
+    read_back: list[bytes] = []
+    size, counts_back = stream_image(tmp / "teed.mdb", read_back.append)
+    assert b"".join(teed) == b"".join(read_back)
+    assert (tee_size, tee_counts) == (size, counts_back) and tee_counts == got_counts
     with BaseLevel(tmp / "merged.mdb") as out:
         got = {t: dict(kv for c in out.raw_chunks(t) for kv in c) for t in out.tables()}
     return {"state": {t: e for t, e in got.items() if e}, "counts": got_counts}
@@ -76,6 +87,7 @@ def _keys(n: int, step: int = 1, start: int = 0) -> list[bytes]:
 
 
 V1, V2, V3 = b"\xa1a", b"\xa1b", b"\xa1c"
+BIG = b"\xc6" + (1 << 20).to_bytes(4, "big") + bytes(1 << 20)  # a 1 MiB bin value
 MANY = 5000  # more keys than one read chunk of an image
 
 CASES: list[tuple[str, Level, list[Level], Level]] = [
@@ -119,6 +131,12 @@ CASES: list[tuple[str, Level, list[Level], Level]] = [
         [{"t": {k: None for k in _keys(MANY // 3, 3)}}],
         {"t": {k: V2 for k in _keys(MANY, 1, MANY)} | {_keys(1)[0]: V3}},
     ),
+    (
+        "stream chunks cut by count and by bytes, across tables",
+        {"a": {k: V1 for k in _keys(3 * MANY)}, "b": {k: BIG for k in _keys(40)}},
+        [{"a": {k: None for k in _keys(MANY, 7)}}],
+        {"b": {k: BIG for k in _keys(30, 1, 40)}, "c": {k: V2 for k in _keys(MANY + 3)}},
+    ),
 ]
 
 
@@ -132,6 +150,17 @@ def test_merge_equals_the_model(
     want = _model([full, *deltas], tail)
     assert got["state"] == want
     assert got["counts"] == {t: len(e) for t, e in want.items()}
+
+
+def test_a_stream_teed_in_small_batches_is_the_stream_of_the_image(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appended in batches that cut across the stream's chunks (each batch leaves a
+    remainder the next one continues), the teed stream is still the image's."""
+    monkeypatch.setattr(statelog.compaction.merge, "_BATCH", 3001)
+    _name, full, deltas, tail = CASES[-1]
+    got = _merged(tmp_path, full, deltas, tail)
+    assert got["state"] == _model([full, *deltas], tail)
 
 
 _key = st.integers(0, 60).map(lambda i: b"\x01%03d" % i)

@@ -22,14 +22,15 @@ the full image's last key is merged last.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from statelog.compaction.delta import Changes
 from statelog.storage.layered import LayeredBase
-from statelog.storage.snapshot_body import TOMBSTONE, StreamBuild
+from statelog.storage.snapshot_body import TOMBSTONE, StreamBuild, StreamTee
+from statelog.storage.snapshots import StreamWriter
 
-__all__ = ["merge_levels"]
+__all__ = ["merge_levels", "merged"]
 
 Pair = tuple[bytes, bytes]
 _BATCH = 65536  # entries appended per write transaction
@@ -69,10 +70,12 @@ class _Sorted:
 
 
 class _Appender:
-    """Appends one table's merged entries to the image in batches; counts the live keys."""
+    """Appends one table's merged entries to the image in batches (and to ``tee``, if
+    given); counts the live keys."""
 
-    def __init__(self, build: StreamBuild, table: str) -> None:
+    def __init__(self, build: StreamBuild, table: str, tee: StreamTee | None) -> None:
         self._build = build
+        self._tee = tee
         self._table = table
         self._batch: list[Pair] = []
         self.count = 0
@@ -88,6 +91,8 @@ class _Appender:
     def flush(self) -> None:
         if self._batch:
             self._build.append_sorted(self._table, self._batch)
+            if self._tee is not None:
+                self._tee.add(self._table, self._batch)
             self._batch = []
 
 
@@ -100,13 +105,15 @@ def _tail_pairs(entries: dict[bytes, bytes | None]) -> list[Pair]:
     return list(zip(keys, values, strict=True))  # type: ignore[arg-type]
 
 
-def _merge_table(build: StreamBuild, table: str, base: LayeredBase, tail: list[Pair]) -> int:
+def _merge_table(
+    build: StreamBuild, table: str, base: LayeredBase, tail: list[Pair], tee: StreamTee | None
+) -> int:
     """Merge ``table`` of every level of ``base`` and then ``tail`` into ``build``."""
     full, *deltas = base.levels
     newer = [_Sorted(level.raw_chunks(table)) for level in deltas]
     if tail:
         newer.append(_Sorted([tail]))
-    out = _Appender(build, table)
+    out = _Appender(build, table, tee)
     for chunk in full.raw_chunks(table):
         merged = dict(chunk)
         changed = False
@@ -124,12 +131,15 @@ def _merge_table(build: StreamBuild, table: str, base: LayeredBase, tail: list[P
     return out.count
 
 
-def merge_levels(base: LayeredBase, changes: Changes, image: Path) -> dict[str, int]:
+def merge_levels(
+    base: LayeredBase, changes: Changes, image: Path, tee: StreamTee | None = None
+) -> dict[str, int]:
     """Write the state of ``base`` with ``changes`` applied as a new image at ``image``.
 
     Scratch: no fsync (the snapshot streamed from the image is what a pass
     makes durable). Returns the live keys per table, tables without keys
-    left out.
+    left out. With ``tee``, every entry appended is also fed to it, so the
+    snapshot's record stream is written without reading the image back.
 
     :raises FileExistsError: ``image`` exists.
     :raises lmdb.Error: LMDB refused (the disk is full, say).
@@ -141,9 +151,22 @@ def merge_levels(base: LayeredBase, changes: Changes, image: Path) -> dict[str, 
     try:
         for table in tables:
             tail = _tail_pairs(changes.tables.get(table, {}))
-            n = _merge_table(build, table, base, tail)
+            n = _merge_table(build, table, base, tail, tee)
             if n:
                 counts[table] = n
     finally:
         build.close()
     return counts
+
+
+def merged(base: LayeredBase, changes: Changes, image: Path) -> StreamWriter:
+    """The body of a full merge's snapshot: writing it runs :func:`merge_levels` into
+    ``image`` and streams every entry appended (one read of each level; the image is
+    not read back to make the body)."""
+
+    def stream(write: Callable[[bytes], object]) -> tuple[int, dict[str, int]]:
+        tee = StreamTee(write)
+        merge_levels(base, changes, image, tee)
+        return tee.finish()
+
+    return stream

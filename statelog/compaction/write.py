@@ -16,20 +16,21 @@ link verified: :func:`statelog.storage.levels.open_chain`), then asks
   (:func:`~statelog.compaction.merge.merge_levels`), and a full snapshot
   written from it, which starts a new chain.
 
-Either way the image is built and fsynced and its CRC-32C taken first, then
-the snapshot file is written durably (temp file, fsync, rename, fsync of
-``snapshots/``), then the image is published: a rename and a small stamp
-(its fsync then finds nothing to write), so a writer never sees the new
-snapshot for long without its image. An I/O error while the image is
-sealed fails the pass before its snapshot exists. A SIGKILL at any step
-leaves the store as it was plus scratch files step 2 of the next pass
-removes.
+Either way the image is built, fsynced and its CRC-32C taken before the
+snapshot file is written durably (temp file, fsync, rename, fsync of
+``snapshots/``); a full merge streams the body to a scratch file while it
+builds the image, so the image is not read back. Then the image is published:
+a rename and a small stamp, so a writer never sees the new snapshot for long
+without its image. An I/O error while the image is sealed fails the pass
+before its snapshot exists. A SIGKILL at any step leaves the store as it was
+plus scratch files step 2 of the next pass removes.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from statelog.compaction.base import (
@@ -41,7 +42,7 @@ from statelog.compaction.base import (
     report_mismatch,
 )
 from statelog.compaction.delta import Changes, delta_meta, plan_delta
-from statelog.compaction.merge import merge_levels
+from statelog.compaction.merge import merged
 from statelog.compaction.replay import Folding
 from statelog.compaction.tail import (
     SegmentInfo,
@@ -61,6 +62,7 @@ from statelog.storage.levels import Chain, ImageSources, open_chain
 from statelog.storage.pins import pin
 from statelog.storage.snapshots import (
     SnapshotMeta,
+    StreamWriter,
     list_snapshots,
     write_delta_snapshot,
     write_snapshot,
@@ -99,11 +101,8 @@ def fold_pass(p: Pass) -> CompactionResult:
             result = _fold_from(p, cand[2] if cand is not None else None, base_lsn, tail.segments)
             if result is not None:
                 return result
-    p.say(
-        logging.ERROR,
-        "no_base",
-        reason="no snapshot verifies and links to the log, and the log does not begin at LSN 1",
-    )
+    why = "no snapshot verifies and links to the log, and the log does not begin at LSN 1"
+    p.say(logging.ERROR, "no_base", reason=why)
     return CompactionResult(p.root, skipped="no_base")
 
 
@@ -131,11 +130,8 @@ def _nothing_new(segs: list[SegmentInfo], base_lsn: int) -> str:
         if active is not None and peek_seal(active.path, active.size) is None:
             records, size, complete = count_unsealed(active)
             if records:
-                more = "" if complete else "at least "
-                return (
-                    f"{more}{records} commits ({human_bytes(size)}) in the active segment, "
-                    "not sealed"
-                )
+                n = f"{records}" if complete else f"at least {records}"
+                return f"{n} commits ({human_bytes(size)}) in the active segment, not sealed"
     except OSError:
         pass  # the segment was sealed and removed meanwhile: nothing to count
     return f"no commit after epoch {base_lsn}"
@@ -205,9 +201,7 @@ def _portable(full: Path) -> bool:
 
 def _open_chain(p: Pass, base: Path) -> tuple[Chain, LayeredBase] | None:
     """``base``'s chain and its stack of images; None if a link is damaged or unreadable.
-
-    A damaged base is reported (once per process) and left in place as evidence.
-    """
+    A damaged base is reported (once per process) and left in place as evidence."""
     levels = p.scratch / "levels"
     try:
         return open_chain(p.files, base, p.store_id, ImageSources(levels, (p.layout.base, levels)))
@@ -261,18 +255,30 @@ def _write_full(
     fold: Folding,
     tables: dict[str, int],
     image: Path,
+    stream: StreamWriter | None = None,
 ) -> CompactionResult:
-    """Write the full snapshot of ``image`` (the state at ``fold``), then publish ``image``."""
-    size = image.stat().st_size
+    """Write the full snapshot of ``image`` (the state at ``fold``), then publish ``image``.
+    With ``stream``, ``image`` is built while ``stream`` writes the snapshot's body (see
+    :func:`~statelog.storage.snapshots.write_snapshot`), and ``tables`` comes from it."""
     meta_out = SnapshotMeta(
         p.store_id, fold.good_epoch, fold.good_epoch, fold.good_chain, fold.good_offsets,
-        fold.good_wm, tables, size, int(time.time() * 1000), commit_ms=fold.good_commit_ms,
+        fold.good_wm, tables, 0, int(time.time() * 1000), commit_ms=fold.good_commit_ms,
     )  # fmt: skip
-    p.say(logging.DEBUG, "snapshot_writing", epoch=fold.good_epoch, image_bytes=size)
-    crc = seal_image(p.files, image)
-    path, written = write_snapshot(p.files, p.layout.snapshots, meta_out, image, level=p.level)
+    p.say(logging.DEBUG, "snapshot_writing", epoch=fold.good_epoch, streamed=stream is not None)
+    crc = [] if stream is not None else [seal_image(p.files, image)]
+
+    def body(write: Callable[[bytes], object]) -> tuple[int, dict[str, int]]:
+        assert stream is not None
+        made = stream(write)
+        crc.append(seal_image(p.files, image))  # finished: sealed before the snapshot appears
+        return made
+
+    path, written = write_snapshot(
+        p.files, p.layout.snapshots, meta_out, image, level=p.level,
+        stream=None if stream is None else body,
+    )  # fmt: skip
     mark_verified(path)  # built from this pass's own image: retention need not parse it
-    publish_image(p.files, image, p.layout.base, path, written, crc=crc)
+    publish_image(p.files, image, p.layout.base, path, written, crc=crc[0])
     return _done(p, path, written, base, base_lsn, fold)
 
 
@@ -294,8 +300,7 @@ def _merge(
         return fold
     assert isinstance(start.target, Changes)
     p.bytes_read += sum(s.stat().st_size for s in chain.snapshots)
-    tables = merge_levels(layered, start.target, image)
-    return _write_full(p, base, base_lsn, fold, tables, image)
+    return _write_full(p, base, base_lsn, fold, {}, image, merged(layered, start.target, image))
 
 
 def _delta(

@@ -43,6 +43,7 @@ __all__ = [
     "CountingSink",
     "StreamBuild",
     "StreamSink",
+    "StreamTee",
     "body_limit",
     "stream_delta",
     "stream_image",
@@ -240,6 +241,65 @@ def stream_image(image: Path, write: Callable[[bytes], object]) -> tuple[int, di
     tail = encode_end(sum(counts.values()), len(counts))
     write(tail)
     return size + len(tail), counts
+
+
+class StreamTee:
+    """The record stream of an image being built, written from the entries appended to it:
+    the bytes :func:`stream_image` would write of the finished image, without reading
+    the image back (a full merge streams its snapshot while it builds its image).
+
+    Feed every table's live entries in table-name order, each table's in increasing key
+    order (as :meth:`StreamBuild.append_sorted` takes them), then :meth:`finish`. Chunks
+    are cut as :func:`stream_image` cuts them: per table, every
+    :data:`~statelog.format.stream.TARGET_CHUNK_RECORDS` entries, then by bytes.
+    """
+
+    def __init__(self, write: Callable[[bytes], object]) -> None:
+        self._write = write
+        self._table: str | None = None
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._n = 0
+        self.size = 0
+        self.counts: dict[str, int] = {}
+
+    def add(self, table: str, items: Sequence[tuple[bytes, bytes]]) -> None:
+        """Append ``items`` (encoded key, value) of ``table`` to the stream."""
+        if table != self._table:
+            self._end_table()
+            self._table = table
+        pending = self._pending
+        pending.extend(items)
+        if len(pending) >= TARGET_CHUNK_RECORDS:
+            whole = len(pending) - len(pending) % TARGET_CHUNK_RECORDS
+            self._emit(pending[:whole])
+            del pending[:whole]
+
+    def finish(self) -> tuple[int, dict[str, int]]:
+        """End the stream; its size and the keys per table (as :func:`stream_image`)."""
+        self._end_table()
+        tail = encode_end(sum(self.counts.values()), len(self.counts))
+        self._write(tail)
+        self.size += len(tail)
+        return self.size, self.counts
+
+    def _emit(self, items: list[tuple[bytes, bytes]]) -> None:
+        for keys, values in _chunks(iter(items)):
+            part = encode_puts(keys, values)
+            if not self._n:
+                assert self._table is not None
+                part = encode_table(self._table) + part
+            self._write(part)
+            self.size += len(part)
+            self._n += len(keys)
+
+    def _end_table(self) -> None:
+        if self._pending:
+            self._emit(self._pending)
+            self._pending = []
+        if self._n:
+            assert self._table is not None
+            self.counts[self._table] = self._n
+        self._n = 0
 
 
 def stream_delta(

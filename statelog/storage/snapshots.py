@@ -44,6 +44,7 @@ from statelog.storage.snapshot_read import SnapshotMeta, open_read, read_snapsho
 
 __all__ = [
     "SnapshotMeta",
+    "StreamWriter",
     "extract_snapshot",
     "list_snapshots",
     "parse_snapshot_name",
@@ -83,12 +84,16 @@ def write_snapshot(
     *,
     level: int = 3,
     version: int = VERSION,
+    stream: StreamWriter | None = None,
 ) -> tuple[Path, SnapshotMeta]:
     """Write the state of the finished LMDB ``image`` as the snapshot ``meta`` describes.
 
     The body is the record stream of ``image`` (format 2), or, with
     ``version=1``, the image itself (kept so that tests can make the
-    snapshots older stores hold). ``meta.body_bytes`` is replaced by the
+    snapshots older stores hold). With ``stream``, that writes the record
+    stream instead of it being read from ``image`` (a full merge streams the
+    entries it appends to the image it builds meanwhile:
+    :class:`~statelog.storage.snapshot_body.StreamTee`). ``meta.body_bytes`` is replaced by the
     body's size, and for format 2 ``meta.tables`` by the keys the stream
     holds per table (format 1 keeps the caller's counts); the meta written
     is returned.
@@ -113,7 +118,7 @@ def write_snapshot(
     """
     return _write(
         files, snap_dir, meta, image.parent,
-        lambda body: _compress(image, body, meta, level, version), version,
+        lambda body: _compress(image, body, meta, level, version, stream), version,
     )  # fmt: skip
 
 
@@ -184,7 +189,12 @@ def _write(
 
 
 def _compress(
-    image: Path, body: IO[bytes], meta: SnapshotMeta, level: int, version: int
+    image: Path,
+    body: IO[bytes],
+    meta: SnapshotMeta,
+    level: int,
+    version: int,
+    stream: StreamWriter | None = None,
 ) -> SnapshotMeta:
     """Write the zstd frame of ``image``'s body to ``body``; the meta with the body's sizes."""
     if version == IMAGE_VERSION:
@@ -195,7 +205,10 @@ def _compress(
         return _with(meta, size, meta.tables)
     cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)
     with cctx.stream_writer(body, closefd=False, write_size=_CHUNK) as writer:
-        size, counts = stream_image(image, writer.write)
+        if stream is None:
+            size, counts = stream_image(image, writer.write)
+        else:
+            size, counts = stream(writer.write)
     return _with(meta, size, counts)
 
 
