@@ -13,6 +13,7 @@ Crafted, hash-valid bodies are tests/test_hostile_snapshots.py's.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import io
@@ -24,6 +25,7 @@ import uuid
 from pathlib import Path
 from typing import IO, Any, get_args
 
+import lmdb
 import msgspec
 import pytest
 import zstandard
@@ -32,7 +34,7 @@ import statelog.storage.snapshot_read as snapshot_read_mod
 import statelog.storage.snapshots as snapshot_mod
 from statelog.errors import CorruptionError, FormatVersionError
 from statelog.format.records import encode_value
-from statelog.format.snapshot import FOOTER_SIZE
+from statelog.format.snapshot import FOOTER_SIZE, DeltaDoc
 from statelog.format.stream import PUTS, TABLE, StreamChecker
 from statelog.kit import CrashMode, FaultyFiles
 from statelog.state.live import Key, LiveState
@@ -764,3 +766,41 @@ def test_a_frame_cut_short_under_a_true_hash_is_refused(
     with pytest.raises(CorruptionError, match="body:"):
         extract_snapshot(FILES, snap, dest, store_id=STORE)
     assert not dest.exists() and not dest.with_name("x.mdb.tmp").exists()
+
+
+@pytest.mark.parametrize("kind", ["full", "delta"])
+def test_a_body_stream_failing_on_a_full_disk_raises_its_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A body stream that fails because the disk filled up (LMDB's error, while a full
+    merge builds its image beside the stream) is the error raised: not the compressor's
+    flush of what it held, which fails on the same full disk afterwards. Nothing is left
+    in ``snapshots/``."""
+    full = False
+
+    class FullDisk(io.BytesIO):
+        def write(self, b: Any) -> int:
+            if full:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return super().write(b)
+
+    monkeypatch.setattr(snapshot_mod.tempfile, "TemporaryFile", lambda **_kw: FullDisk())
+
+    def stream(write: Any) -> tuple[int, dict[str, int]]:
+        nonlocal full
+        write(os.urandom(3 << 20))  # held in part by the compressor
+        full = True
+        raise lmdb.DiskError("mdb_txn_commit: No space left on device")
+
+    snaps = tmp_path / "snapshots"
+    snaps.mkdir()
+    meta = make_meta(tmp_path / "image.mdb", LiveState(), epoch=2, lsn=2)
+    with pytest.raises(lmdb.DiskError):
+        if kind == "full":
+            snapshot_mod.write_snapshot(FileLayer(), snaps, meta, tmp_path / "image.mdb",
+                                        stream=stream)  # fmt: skip
+        else:
+            link = DeltaDoc(snapshot_mod.snapshot_name(1, 1), "0" * 64, 1, 0, 0, {})
+            delta = dataclasses.replace(meta, delta=link)
+            snapshot_mod.write_delta_snapshot(FileLayer(), snaps, delta, stream, scratch=tmp_path)
+    assert list(snaps.iterdir()) == []

@@ -113,7 +113,8 @@ def padding(length: int) -> int:
 def frame_crc(header_tail: bytes | memoryview, payload: bytes | memoryview) -> int:
     """Masked crc32c of a frame: the 12 header bytes after the crc field, then the payload.
 
-    The GIL is kept: a frame of at most a MiB takes tens of microseconds, and a
+    The GIL is kept: most frames take tens of microseconds (the largest, 16 MiB by
+    default, about two milliseconds), and a
     thread that lets the GIL go per frame waits for it again behind any busy thread,
     up to the switch interval (5 ms) each time: a scan of a segment, or a commit's
     frames, would pay that once per frame beside a compaction pass or a host's

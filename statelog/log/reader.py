@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -150,6 +151,10 @@ def _has_zero_sector(data: memoryview, start: int, end: int) -> bool:
     return False
 
 
+# A frame header's bytes 8 to 11: a type (1 to SEAL), a padding (0 to 7), reserved zeros.
+_HEADER_TYPE = re.compile(b"[\\x01-\\x%02x][\\x00-\\x07]\\x00\\x00" % FrameType.SEAL, re.DOTALL)
+
+
 def salvage_frames(data: bytes | memoryview, start: int) -> Iterator[tuple[int, int, memoryview]]:
     """Yield ``(offset, type, payload)`` of every frame after ``start`` that verifies on its own.
 
@@ -160,6 +165,15 @@ def salvage_frames(data: bytes | memoryview, start: int) -> Iterator[tuple[int, 
     pos = start + (-start % 8)
     size = len(view)
     while pos + FRAME_HEADER_SIZE <= size:
+        # Only an 8-aligned offset whose type, padding and reserved bytes could belong to
+        # a header is parsed: a search in C, where a step per offset in Python made a
+        # large torn frame cost 150 ms per MiB to look past.
+        found = _HEADER_TYPE.search(view, pos + 8)
+        while found is not None and (found.start() - 8) % 8:
+            found = _HEADER_TYPE.search(view, found.start() + 1)
+        if found is None:
+            return
+        pos = found.start() - 8
         frame, _, _ = _parse_frame(view, pos)
         if frame is not None:
             yield pos, frame.ftype, frame.payload

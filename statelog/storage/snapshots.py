@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -93,7 +95,8 @@ def write_snapshot(
     snapshots older stores hold). With ``stream``, that writes the record
     stream instead of it being read from ``image`` (a full merge streams the
     entries it appends to the image it builds meanwhile:
-    :class:`~statelog.storage.snapshot_body.StreamTee`). ``meta.body_bytes`` is replaced by the
+    :class:`~statelog.storage.snapshot_body.StreamTee`), and ``created_ms``
+    is taken once it has finished. ``meta.body_bytes`` is replaced by the
     body's size, and for format 2 ``meta.tables`` by the keys the stream
     holds per table (format 1 keeps the caller's counts); the meta written
     is returned.
@@ -150,9 +153,7 @@ def write_delta_snapshot(
     delta = meta.delta
 
     def produce(body: IO[bytes]) -> SnapshotMeta:
-        cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)
-        with cctx.stream_writer(body, closefd=False, write_size=_CHUNK) as writer:
-            size, changes = stream(writer.write)
+        size, changes = _zstd_frame(body, level, stream)
         link = msgspec.structs.replace(delta, changes=changes, chain_bytes=delta.chain_bytes + size)
         return dataclasses.replace(meta, body_bytes=size, delta=link)
 
@@ -172,7 +173,9 @@ def _write(
     if final.exists():
         raise FileExistsError(final)
     tmp = final.with_name(final.name + ".tmp")
-    with tempfile.TemporaryFile(dir=scratch) as body:
+    # Unbuffered: closing it after a failure has nothing to flush, which on a full
+    # disk would fail again and hide the first error.
+    with tempfile.TemporaryFile(dir=scratch, buffering=0) as body:
         meta = produce(body)
         head = _pack_head(meta, body.tell(), version)
         body.seek(0)
@@ -203,13 +206,29 @@ def _compress(
         with image.open("rb") as src:
             cctx.copy_stream(src, body, size=size, read_size=_CHUNK, write_size=_CHUNK)
         return _with(meta, size, meta.tables)
-    cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)
-    with cctx.stream_writer(body, closefd=False, write_size=_CHUNK) as writer:
-        if stream is None:
-            size, counts = stream_image(image, writer.write)
-        else:
-            size, counts = stream(writer.write)
+    size, counts = _zstd_frame(body, level, stream or functools.partial(stream_image, image))
+    if stream is not None:  # the stream built the image meanwhile: made now, not before
+        meta = dataclasses.replace(meta, created_ms=int(time.time() * 1000))
     return _with(meta, size, counts)
+
+
+def _zstd_frame(body: IO[bytes], level: int, stream: StreamWriter) -> tuple[int, dict[str, int]]:
+    """Write one zstd frame (with its checksum) of what ``stream`` writes to ``body``;
+    returns what ``stream`` returns.
+
+    An error of ``stream`` is raised as it is: closing the compressor then flushes what
+    it holds, which on a full disk fails too, and that failure is not reported instead.
+    """
+    cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)
+    writer = cctx.stream_writer(body, closefd=False, write_size=_CHUNK)
+    try:
+        made = stream(writer.write)
+    except BaseException:
+        with contextlib.suppress(OSError, zstandard.ZstdError):
+            writer.close()  # type: ignore[no-untyped-call]
+        raise
+    writer.close()  # type: ignore[no-untyped-call]
+    return made
 
 
 def _with(meta: SnapshotMeta, body_bytes: int, tables: dict[str, int]) -> SnapshotMeta:
