@@ -21,6 +21,7 @@ import os
 import random
 import shutil
 import struct
+import tempfile
 import uuid
 from pathlib import Path
 from typing import IO, Any, get_args
@@ -778,13 +779,26 @@ def test_a_body_stream_failing_on_a_full_disk_raises_its_own_error(
     in ``snapshots/``."""
     full = False
 
-    class FullDisk(io.BytesIO):
+    class FullDisk(io.RawIOBase):
+        def __init__(self) -> None:
+            self.data = bytearray()
+
+        def writable(self) -> bool:
+            return True
+
         def write(self, b: Any) -> int:
             if full:
                 raise OSError(errno.ENOSPC, "No space left on device")
-            return super().write(b)
+            self.data += bytes(b)
+            return len(b)
 
-    monkeypatch.setattr(snapshot_mod.tempfile, "TemporaryFile", lambda **_kw: FullDisk())
+    def scratch(**kw: Any) -> IO[bytes]:
+        # As the real one: a buffered file unless asked for none, whose close would
+        # flush onto the full disk.
+        raw = FullDisk()
+        return raw if kw.get("buffering") == 0 else io.BufferedWriter(raw)  # type: ignore[return-value]
+
+    monkeypatch.setattr(snapshot_mod.tempfile, "TemporaryFile", scratch)
 
     def stream(write: Any) -> tuple[int, dict[str, int]]:
         nonlocal full
@@ -804,3 +818,34 @@ def test_a_body_stream_failing_on_a_full_disk_raises_its_own_error(
             delta = dataclasses.replace(meta, delta=link)
             snapshot_mod.write_delta_snapshot(FileLayer(), snaps, delta, stream, scratch=tmp_path)
     assert list(snaps.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["full", "image"])
+def test_short_writes_to_the_scratch_file_are_written_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: LiveState, kind: str
+) -> None:
+    """A write to the unbuffered scratch file may take only part of what it is given (a
+    disk filling up); the rest is written too, so the snapshot verifies."""
+    real = tempfile.TemporaryFile
+
+    class Short(io.FileIO):
+        def write(self, b: Any) -> int:
+            view = memoryview(b)
+            return super().write(view[: max(1, len(view) // 3)])
+
+    def scratch(**kw: Any) -> IO[bytes]:
+        assert kw.get("buffering") == 0
+        with real(dir=kw.get("dir")) as f:
+            return Short(os.dup(f.fileno()), "w+b")
+
+    image = tmp_path / "image.mdb"
+    build_image(image, state)
+    monkeypatch.setattr(snapshot_mod.tempfile, "TemporaryFile", scratch)
+    snaps = tmp_path / "snapshots"
+    snaps.mkdir()
+    version = snapshot_mod.IMAGE_VERSION if kind == "image" else snapshot_mod.VERSION
+    path, _ = snapshot_mod.write_snapshot(
+        FileLayer(), snaps, make_meta(image, state), image, version=version
+    )
+    monkeypatch.undo()
+    snapshot_mod.verify_snapshot(FileLayer(), path, store_id=STORE)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import hashlib
 import tempfile
@@ -24,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 import msgspec
 import zstandard
@@ -40,7 +41,7 @@ from statelog.format.snapshot import (
     parse_snapshot_name,
     snapshot_name,
 )
-from statelog.storage.fileio import FileLayer
+from statelog.storage.fileio import Buffer, FileLayer
 from statelog.storage.snapshot_body import stream_image
 from statelog.storage.snapshot_read import SnapshotMeta, open_read, read_snapshot
 
@@ -204,12 +205,37 @@ def _compress(
         size = image.stat().st_size
         cctx = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True)
         with image.open("rb") as src:
-            cctx.copy_stream(src, body, size=size, read_size=_CHUNK, write_size=_CHUNK)
+            cctx.copy_stream(src, _whole(body), size=size, read_size=_CHUNK,
+                             write_size=_CHUNK)  # fmt: skip
         return _with(meta, size, meta.tables)
     size, counts = _zstd_frame(body, level, stream or functools.partial(stream_image, image))
     if stream is not None:  # the stream built the image meanwhile: made now, not before
         meta = dataclasses.replace(meta, created_ms=int(time.time() * 1000))
     return _with(meta, size, counts)
+
+
+class _WholeWrites:
+    """Writes each buffer whole to the unbuffered ``raw`` file: zstd ignores the count a
+    ``write`` returns, and a raw file's write may take only part (a disk filling up)."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self._raw = raw
+
+    def write(self, data: Buffer) -> int:
+        view = memoryview(data).cast("B")
+        while view:
+            n = self._raw.write(view)
+            if not n:
+                raise OSError(errno.ENOSPC, "the scratch file took no bytes")
+            view = view[n:]
+        return len(data)
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+
+def _whole(raw: IO[bytes]) -> IO[bytes]:
+    return cast(IO[bytes], _WholeWrites(raw))  # zstd calls only write and flush
 
 
 def _zstd_frame(body: IO[bytes], level: int, stream: StreamWriter) -> tuple[int, dict[str, int]]:
@@ -220,7 +246,7 @@ def _zstd_frame(body: IO[bytes], level: int, stream: StreamWriter) -> tuple[int,
     it holds, which on a full disk fails too, and that failure is not reported instead.
     """
     cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)
-    writer = cctx.stream_writer(body, closefd=False, write_size=_CHUNK)
+    writer = cctx.stream_writer(_whole(body), closefd=False, write_size=_CHUNK)
     try:
         made = stream(writer.write)
     except BaseException:
