@@ -189,16 +189,16 @@ def test_a_stamp_is_settled_only_after_the_image_is_fsynced(store_path: Path) ->
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["full", "delta"])
+@pytest.mark.parametrize("kind", ["full", "delta", "merge"])
 def test_a_compactor_seals_its_image_before_the_snapshot_appears(
-    store_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+    store_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, kind: str
 ) -> None:
     """Once a snapshot is renamed into place, publishing its image is a rename and a
     stamp: the image was fsynced and its CRC-32C taken before. Done after, at 10M keys
     those take seconds, and a writer that sees the snapshot for that long without its
     image builds the whole image again itself."""
     build_store(store_path, simple_commits(12))
-    if kind == "delta":
+    if kind != "full":  # a delta on the first snapshot, or a merge of it with the tail
         assert compact(store_path).snapshot is not None
         with statelog.open(store_path) as s:
             s.commit(offsets={"p": 99}, low_watermark_ms=s.low_watermark_ms, put={"late": 1})
@@ -210,8 +210,15 @@ def test_a_compactor_seals_its_image_before_the_snapshot_appears(
         return real_crc(image)
 
     monkeypatch.setattr(image_cache, "image_crc", crc)
-    snap = compact(store_path, files=_Recording(calls)).snapshot
-    assert snap is not None
+    caplog.set_level(logging.DEBUG)
+    chain = 0 if kind == "merge" else 8
+    result = compact(store_path, files=_Recording(calls), max_chain=chain)
+    snap = result.snapshot
+    assert snap is not None and result.full == (kind != "delta")
+    if kind != "delta":  # the image is finished when the pass says it writes the snapshot
+        (said,) = [r.getMessage() for r in caplog.records if "event=snapshot_writing" in r.message]
+        (image,) = (store_path / "base").glob(f"{snap.stem}.*.mdb")
+        assert f"image_bytes={image.stat().st_size}" in said, said
     made = calls.index(f"rename {snap.name}")
     before, after = calls[:made], calls[made + 1 :]
     assert any(c.startswith("fsync ") and c.endswith(".mdb") for c in before), calls

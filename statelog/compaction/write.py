@@ -1,29 +1,27 @@
 """Steps 3, 4 and 6 of a compaction pass: choose the base, then write a full or a delta snapshot.
 
-A pass with no usable snapshot folds the log from LSN 1 into an empty image
-and writes a full snapshot. A pass on a snapshot opens its chain (every
-link verified: :func:`statelog.storage.levels.open_chain`), then asks
+A pass with no usable snapshot folds the log from LSN 1 into an empty image and writes
+a full snapshot. A pass on a snapshot opens its chain (every link verified:
+:func:`statelog.storage.levels.open_chain`), then asks
 :class:`~statelog.compaction.delta.ChainPolicy`:
 
 * **delta pass** (the common case): the tail is folded into
-  :class:`~statelog.compaction.delta.Changes`, the changed keys are looked
-  up in the chain's base, and a delta snapshot of only those keys is
-  written; its image (small) is published to ``STORE/base`` beside the
-  chain's. Nothing is read or written in proportion to the state.
-* **full merge**: the tail is folded into changes as for a delta, then the
-  chain's full image, each delta's image in order and the changes are
-  merged in key order into a fresh image
-  (:func:`~statelog.compaction.merge.merge_levels`), and a full snapshot
-  written from it, which starts a new chain.
+  :class:`~statelog.compaction.delta.Changes`, the changed keys are looked up in the
+  chain's base, and a delta snapshot of only those keys is written; its image (small)
+  is published to ``STORE/base`` beside the chain's. Nothing is read or written in
+  proportion to the state.
+* **full merge**: the tail is folded into changes as for a delta, then the chain's
+  full image, each delta's image in order and the changes are merged in key order
+  into a fresh image (:func:`~statelog.compaction.merge.merge_levels`), and a full
+  snapshot written from it, which starts a new chain.
 
-Either way the image is built, fsynced and its CRC-32C taken before the
-snapshot file is written durably (temp file, fsync, rename, fsync of
-``snapshots/``); a full merge streams the body to a scratch file while it
-builds the image, so the image is not read back. Then the image is published:
-a rename and a small stamp, so a writer never sees the new snapshot for long
-without its image. An I/O error while the image is sealed fails the pass
-before its snapshot exists. A SIGKILL at any step leaves the store as it was
-plus scratch files step 2 of the next pass removes.
+Either way the image is built, fsynced and its CRC-32C taken before the snapshot
+file is written durably (temp file, fsync, rename, fsync of ``snapshots/``); a full
+merge streams the body to a scratch file while it builds the image. Then the image is
+published (a rename and a small stamp), so a writer never sees the new snapshot for
+long without its image. An I/O error while the image is sealed fails the pass before
+its snapshot exists. A SIGKILL at any step leaves the store as it was plus scratch
+files step 2 of the next pass removes.
 """
 
 from __future__ import annotations
@@ -264,13 +262,12 @@ def _write_full(
         p.store_id, fold.good_epoch, fold.good_epoch, fold.good_chain, fold.good_offsets,
         fold.good_wm, tables, 0, int(time.time() * 1000), commit_ms=fold.good_commit_ms,
     )  # fmt: skip
-    p.say(logging.DEBUG, "snapshot_writing", epoch=fold.good_epoch, streamed=stream is not None)
-    crc = [] if stream is not None else [seal_image(p.files, image)]
+    crc = [] if stream is not None else [_seal(p, image, fold)]
 
     def body(write: Callable[[bytes], object]) -> tuple[int, dict[str, int]]:
         assert stream is not None
         made = stream(write)
-        crc.append(seal_image(p.files, image))  # finished: sealed before the snapshot appears
+        crc.append(_seal(p, image, fold))  # finished: sealed before the snapshot appears
         return made
 
     path, written = write_snapshot(
@@ -280,6 +277,13 @@ def _write_full(
     mark_verified(path)  # built from this pass's own image: retention need not parse it
     publish_image(p.files, image, p.layout.base, path, written, crc=crc[0])
     return _done(p, path, written, base, base_lsn, fold)
+
+
+def _seal(p: Pass, image: Path, fold: Folding) -> int:
+    """Say the finished image's size, then fsync it; its CRC-32C."""
+    p.say(logging.DEBUG, "snapshot_writing", epoch=fold.good_epoch,
+          image_bytes=image.stat().st_size)  # fmt: skip
+    return seal_image(p.files, image)
 
 
 def _merge(
@@ -383,17 +387,11 @@ def _done(
     folded = tuple(s.path for s in fold.segments[: fold.good_count])
     size = path.stat().st_size
     p.say(
-        logging.INFO,
-        "snapshot_written",
-        file=f"snapshots/{path.name}",
-        base=base.name if base else "empty",
-        kind="delta" if written.delta is not None else "full",
-        depth=written.depth,
-        epochs=f"{base_lsn + 1}-{fold.good_epoch}",
-        segments=len(folded),
-        body_bytes=written.body_bytes,
-        snapshot_bytes=size,
-    )
+        logging.INFO, "snapshot_written", file=f"snapshots/{path.name}",
+        base=base.name if base else "empty", kind="delta" if written.delta is not None else "full",
+        depth=written.depth, epochs=f"{base_lsn + 1}-{fold.good_epoch}", segments=len(folded),
+        body_bytes=written.body_bytes, snapshot_bytes=size,
+    )  # fmt: skip
     return CompactionResult(
         p.root, path, base, folded, range(base_lsn + 1, fold.good_epoch + 1),
         full=written.delta is None, depth=written.depth, written_bytes=size,
