@@ -22,6 +22,7 @@ import pytest
 
 import statelog
 from statelog.compaction.fold import compact
+from statelog.compaction.logfmt import LOGGER
 from statelog.storage import image_cache
 from statelog.storage.fileio import FileLayer
 from statelog.storage.image_cache import reusable_image
@@ -210,7 +211,8 @@ def test_a_compactor_seals_its_image_before_the_snapshot_appears(
         return real_crc(image)
 
     monkeypatch.setattr(image_cache, "image_crc", crc)
-    caplog.set_level(logging.DEBUG)
+    # On the pass's own logger: a test before may have set a level above DEBUG on a parent.
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
     chain = 0 if kind == "merge" else 8
     result = compact(store_path, files=_Recording(calls), max_chain=chain)
     snap = result.snapshot
