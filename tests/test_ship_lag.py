@@ -196,6 +196,16 @@ def _ship_loop(remote: Remote, monkeypatch: pytest.MonkeyPatch) -> ShipLoop:  # 
     return ShipLoop(args)
 
 
+@contextlib.contextmanager
+def _running(loop: ShipLoop) -> Iterator[ShipLoop]:
+    """``loop`` started, and stopped on the way out whatever happened."""
+    loop.start()
+    try:
+        yield loop
+    finally:
+        loop.stop()
+
+
 def _children(pid: int) -> list[int]:
     text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     return [int(c) for c in text.split()]
@@ -224,16 +234,13 @@ def test_the_ship_loop_ships_in_a_process_of_its_own(
     path = tmp_path / "s"
     _commit(path, 1)
     loop = _ship_loop(remote, monkeypatch)
-    loop.start()
-    try:
+    with _running(loop):
         loop.ship(path)  # a pass's ship: done when it returns
         assert loop._proc is not None and loop._proc.pid != os.getpid()
         assert lag(path).epochs == 0
         _commit(path, 2)  # sealed at close: the loop's next round ships it unasked
         _wait("the round's ship", lambda: lag(path).epochs == 0, timeout=15)
         assert restore(remote.url, tmp_path / "r", client=remote.client()).epoch == 2
-    finally:
-        loop.stop()
     assert loop._proc is None
 
 
@@ -246,8 +253,7 @@ def test_a_takeover_the_ship_loop_meets_is_kept_for_the_daemon(
     _commit(path, 1)
     _commit(other, 1)
     loop = _ship_loop(remote, monkeypatch)
-    loop.start()
-    try:
+    with _running(loop):
         loop.ship(other)
         loop.ship(path)
         sid = StoreLayout(path).read_identity(FileLayer())
@@ -260,8 +266,6 @@ def test_a_takeover_the_ship_loop_meets_is_kept_for_the_daemon(
         with pytest.raises(statelog.FencedError):
             loop.ship(other)  # another store's pass: the fence still names its own store
         assert loop.fenced is not None and loop.fenced[0] == path
-    finally:
-        loop.stop()
 
 
 def test_a_lost_ship_process_is_started_again(
@@ -272,16 +276,13 @@ def test_a_lost_ship_process_is_started_again(
     path = tmp_path / "s"
     _commit(path, 1)
     loop = _ship_loop(remote, monkeypatch)
-    loop.start()
-    try:
+    with _running(loop):
         assert loop._proc is not None and loop._proc.pid is not None
         first = loop._proc.pid
         os.kill(first, signal.SIGKILL)
         loop._proc.wait(10)
         loop.ship(path)  # started again, then shipped
         assert loop._proc.pid != first and lag(path).epochs == 0
-    finally:
-        loop.stop()
 
 
 def test_a_failed_ship_says_its_exit_status(
@@ -293,14 +294,11 @@ def test_a_failed_ship_says_its_exit_status(
     _commit(path, 1)
     loop = _ship_loop(remote, monkeypatch)
     loop._args.remote = "s3://statelog-no-such-bucket/shard"  # every request refused
-    loop.start()
-    try:
+    with _running(loop):
         with pytest.raises(ShipFailedError) as caught:
             loop.ship(path)
         assert caught.value.status == 5
         assert loop.fenced is None and not (path / "remote.json").exists()
-    finally:
-        loop.stop()
 
 
 def test_the_ship_process_ends_with_a_killed_daemon(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
@@ -368,20 +366,16 @@ def test_a_ship_process_started_again_takes_the_daemons_priority(
     def run() -> None:  # as the daemon: the loop made, then the passes' thread made nicer
         loop = _ship_loop(remote, monkeypatch)
         own.append(loop._nice)
-        loop.start()
-        try:
-            with nicer(5):
-                loop.ship(path)
-                assert loop._proc is not None
-                first = loop._proc.pid
-                os.kill(first, signal.SIGKILL)
-                _wait("a new ship process", lambda: loop.fenced is None and loop._proc is not None
-                      and loop._proc.pid != first)  # fmt: skip
-                assert loop._proc is not None
-                children.append(loop._proc.pid)
-                _wait("its priority", lambda: _nice(children[0]) == own[0], timeout=10)
-        finally:
-            loop.stop()
+        with _running(loop), nicer(5):
+            loop.ship(path)
+            assert loop._proc is not None
+            first = loop._proc.pid
+            os.kill(first, signal.SIGKILL)
+            _wait("a new ship process", lambda: loop.fenced is None and loop._proc is not None
+                  and loop._proc.pid != first)  # fmt: skip
+            assert loop._proc is not None
+            children.append(loop._proc.pid)
+            _wait("its priority", lambda: _nice(children[0]) == own[0], timeout=10)
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -453,8 +447,7 @@ def test_an_idle_store_is_shipped_every_recheck_not_every_round(
     path, bound = tmp_path / "s", 0.2
     _commit(path, 1)
     loop = _idle_loop(remote, monkeypatch, bound)
-    loop.start()
-    try:
+    with _running(loop):
         loop.ship(path)
         time.sleep(2.2 * IDLE_RECHECK * bound)
         ships = capfd.readouterr().err.count("event=shipped")
@@ -463,8 +456,6 @@ def test_an_idle_store_is_shipped_every_recheck_not_every_round(
         assert 2 <= ships <= 6, ships
         _commit(path, 2)  # sealed at close: the next round ships it
         _wait("the new commit in the bucket", lambda: lag(path).epochs == 0, timeout=5)
-    finally:
-        loop.stop()
     assert restore(remote.url, tmp_path / "r", client=remote.client()).epoch == 2
 
 
@@ -476,16 +467,13 @@ def test_a_takeover_of_an_idle_store_is_noticed_by_its_recheck(
     path, bound = tmp_path / "s", 0.2
     _commit(path, 1)
     loop = _idle_loop(remote, monkeypatch, bound)
-    loop.start()
-    try:
+    with _running(loop):
         loop.ship(path)
         time.sleep(0.5)  # a round has shipped it: from now on it is idle
         sid = StoreLayout(path).read_identity(FileLayer())
         restore(remote.url, tmp_path / "b", store_id=sid, take_over=True, client=remote.client())
         _wait("the fence", lambda: loop.fenced is not None, timeout=4 * IDLE_RECHECK * bound + 5)
         assert loop.fenced is not None and loop.fenced[0] == path
-    finally:
-        loop.stop()
 
 
 def test_a_store_that_cannot_be_read_holds_no_other_store_back(
@@ -500,8 +488,7 @@ def test_a_store_that_cannot_be_read_holds_no_other_store_back(
     _commit(a, 1)
     _commit(b, 1)
     loop = _idle_loop(remote, monkeypatch, 1.0)
-    loop.start()
-    try:
+    with _running(loop):
         loop.ship(a)
         loop.ship(b)
         shutil.rmtree(a / "wal")
@@ -510,5 +497,3 @@ def test_a_store_that_cannot_be_read_holds_no_other_store_back(
         _wait("b's commit in the bucket", lambda: loop.fenced is None and lag(b).epochs == 0, 10)
         err = capfd.readouterr().err
         assert "event=ship_failed" in err and "ship_process_lost" not in err
-    finally:
-        loop.stop()
