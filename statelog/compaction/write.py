@@ -26,6 +26,7 @@ files step 2 of the next pass removes.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -58,6 +59,7 @@ from statelog.storage.image_cache import publish_image, seal_image
 from statelog.storage.layered import LayeredBase
 from statelog.storage.levels import Chain, ImageSources, open_chain
 from statelog.storage.pins import pin
+from statelog.storage.snapshot_body import stream_image
 from statelog.storage.snapshots import (
     SnapshotMeta,
     StreamWriter,
@@ -241,41 +243,36 @@ def _full(
         return fold
     # The working image itself is streamed and published, not a compacted copy of
     # it: that copy would write the whole state once more per full pass.
-    tables = builder.counts()
     builder.close()
-    return _write_full(p, base, base_lsn, fold, tables, builder.path)
+    image = builder.path
+    return _write_full(p, base, base_lsn, fold, image, functools.partial(stream_image, image))
 
 
 def _write_full(
-    p: Pass,
-    base: Path | None,
-    base_lsn: int,
-    fold: Folding,
-    tables: dict[str, int],
-    image: Path,
-    stream: StreamWriter | None = None,
+    p: Pass, base: Path | None, base_lsn: int, fold: Folding, image: Path, stream: StreamWriter
 ) -> CompactionResult:
-    """Write the full snapshot of ``image`` (the state at ``fold``), then publish ``image``.
-    With ``stream``, ``image`` is built while ``stream`` writes the snapshot's body (see
-    :func:`~statelog.storage.snapshots.write_snapshot`), and ``tables`` comes from it."""
+    """Write the full snapshot of the state at ``fold``, its body written by ``stream``
+    (which reads the finished ``image``, or finishes it meanwhile: see
+    :func:`~statelog.storage.snapshots.write_snapshot`); seal ``image`` once the body is
+    written, before the snapshot appears; then publish ``image``. The keys per table
+    are the stream's."""
     meta_out = SnapshotMeta(
         p.store_id, fold.good_epoch, fold.good_epoch, fold.good_chain, fold.good_offsets,
-        fold.good_wm, tables, 0, int(time.time() * 1000), commit_ms=fold.good_commit_ms,
+        fold.good_wm, {}, 0, int(time.time() * 1000), commit_ms=fold.good_commit_ms,
     )  # fmt: skip
-    crc = [] if stream is not None else [_seal(p, image, fold)]
+    crc = 0
 
     def body(write: Callable[[bytes], object]) -> tuple[int, dict[str, int]]:
-        assert stream is not None
+        nonlocal crc
         made = stream(write)
-        crc.append(_seal(p, image, fold))  # finished: sealed before the snapshot appears
+        crc = _seal(p, image, fold)  # finished: sealed before the snapshot appears
         return made
 
     path, written = write_snapshot(
-        p.files, p.layout.snapshots, meta_out, image, level=p.level,
-        stream=None if stream is None else body,
-    )  # fmt: skip
+        p.files, p.layout.snapshots, meta_out, image, level=p.level, stream=body
+    )
     mark_verified(path)  # built from this pass's own image: retention need not parse it
-    publish_image(p.files, image, p.layout.base, path, written, crc=crc[0])
+    publish_image(p.files, image, p.layout.base, path, written, crc=crc)
     return _done(p, path, written, base, base_lsn, fold)
 
 
@@ -304,7 +301,7 @@ def _merge(
         return fold
     assert isinstance(start.target, Changes)
     p.bytes_read += sum(s.stat().st_size for s in chain.snapshots)
-    return _write_full(p, base, base_lsn, fold, {}, image, merged(layered, start.target, image))
+    return _write_full(p, base, base_lsn, fold, image, merged(layered, start.target, image))
 
 
 def _delta(

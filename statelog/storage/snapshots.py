@@ -223,12 +223,13 @@ class _WholeWrites:
 
     def write(self, data: Buffer) -> int:
         view = memoryview(data).cast("B")
+        total = len(view)
         while view:
             n = self._raw.write(view)
             if not n:
                 raise OSError(errno.ENOSPC, "the scratch file took no bytes")
             view = view[n:]
-        return len(data)
+        return total
 
     def flush(self) -> None:
         self._raw.flush()
@@ -242,17 +243,13 @@ def _zstd_frame(body: IO[bytes], level: int, stream: StreamWriter) -> tuple[int,
     """Write one zstd frame (with its checksum) of what ``stream`` writes to ``body``;
     returns what ``stream`` returns.
 
-    An error of ``stream`` is raised as it is: closing the compressor then flushes what
-    it holds, which on a full disk fails too, and that failure is not reported instead.
+    An error of ``stream`` is raised as it is: the compressor is not closed after it,
+    since closing flushes what it holds, which on a full disk fails too and would be
+    reported instead.
     """
     cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)
     writer = cctx.stream_writer(_whole(body), closefd=False, write_size=_CHUNK)
-    try:
-        made = stream(writer.write)
-    except BaseException:
-        with contextlib.suppress(OSError, zstandard.ZstdError):
-            writer.close()  # type: ignore[no-untyped-call]
-        raise
+    made = stream(writer.write)  # on an error the writer is left unflushed: the body is void
     writer.close()  # type: ignore[no-untyped-call]
     return made
 
