@@ -13,6 +13,7 @@ checks), and read the very state the store had.
 | one rule of the record stream broken (as in   | ``body: record stream offset N: ...`` |
 |   tests/test_record_stream.py, but in a file) |                                       |
 | meta table counts that disagree with the body | ``meta: its table counts disagree``   |
+| a negative offset, a watermark past 2**63 - 1 | ``meta: does not decode``             |
 | ``body_bytes`` more or less than the stream   | ``body: ...``                         |
 | ``body_bytes`` over 1024 times the frame      | ``size:``, before any decompression   |
 |   (1 GiB of zeros: a bomb)                    |                                       |
@@ -330,6 +331,7 @@ class Craft:
     body_bytes: int | None = None
     tables: dict[str, int] | None = None
     frame: bytes | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # meta fields declared otherwise
 
 
 Crafter = Callable[[bytes, SnapshotMeta], Craft]
@@ -455,6 +457,11 @@ def declared(body_delta: int = 0, table_delta: int = 0, extra_table: bool = Fals
     return make
 
 
+def meta_says(**fields: Any) -> Crafter:
+    """The honest stream; a meta whose offsets or watermark no commit could hold."""
+    return lambda stream, meta: Craft(stream, meta=fields)
+
+
 @functools.cache
 def zeros_frame(prefix: bytes, zero_mib: int) -> bytes:
     """A zstd frame of ``prefix`` then ``zero_mib`` MiB of zeros (about 32 bytes per MiB)."""
@@ -543,6 +550,12 @@ CASES: dict[str, tuple[Crafter, str, str]] = {
     "meta-lists-a-ghost-table": (declared(extra_table=True), "meta: its table counts", ""),
     "body-bytes-more-than-stream": (declared(body_delta=1), "body: ", "bytes, the meta declares"),
     "body-bytes-less-than-stream": (declared(body_delta=-1), "body: the body yields more", ""),
+    "meta-offset-negative": (meta_says(offsets={"p": -5}), "meta: does not decode", "offsets"),
+    "meta-watermark-past-2**63": (
+        meta_says(low_watermark_ms=1 << 63),
+        "meta: does not decode",
+        "low_watermark_ms",
+    ),
     # the frame
     "bomb-1-gib-declared": (bomb, "size: the meta declares a body of 1073741824 bytes", "limit"),
     "frame-yields-more": (yields_more, "body: the body yields more", ""),
@@ -562,8 +575,9 @@ UNDECODABLE = {
 def craft(store: Template, make: Crafter) -> Craft:
     """Replace ``store``'s target snapshot by the crafted one; return what was framed."""
     c = make(store.stream, store.meta)
+    meta = dataclasses.replace(store.meta, **c.meta)
     frame_snapshot(
-        store.target, store.meta, c.stream, body_bytes=c.body_bytes, tables=c.tables, frame=c.frame
+        store.target, meta, c.stream, body_bytes=c.body_bytes, tables=c.tables, frame=c.frame
     )
     return c
 

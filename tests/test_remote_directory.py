@@ -9,8 +9,8 @@
 | host lost                                             | the loss is restored, state exact       |
 | a takeover, then the old host ships again             | FencedError; nothing of it is written   |
 | create twice; replace with a stale ETag               | ObjectExistsError; ConditionFailedError |
-| a key leaving the root; a symlink planted as a file;  | refused with a typed error, nothing     |
-| an oversized or empty object                          | read outside the directory              |
+| a key leaving the root; a symlink or a FIFO planted   | refused with a typed error at once,     |
+| as a file; an oversized or empty object               | nothing read outside the directory      |
 | file:// URLs with a host, a relative or `..` path     | RemoteConfigError                       |
 """
 
@@ -300,6 +300,15 @@ def test_hostile_files_in_the_directory(tmp_path: Path) -> None:
         c.get("s/big", limit=10)
     with pytest.raises(RemoteIntegrityError, match="empty"):
         c.get("s/empty")
+    # A FIFO in place of an object: an open that waited for its writer would hang the
+    # restore; it is refused at once instead, for a read and for a hash alike.
+    os.mkfifo(root / "s" / "fifo")
+    started = time.monotonic()
+    with pytest.raises(RemoteIntegrityError, match="not a regular file"):
+        c.get("s/fifo")
+    with pytest.raises(RemoteIntegrityError, match="not a regular file"):
+        c.head_sha256("s/fifo")
+    assert time.monotonic() - started < 5
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 Covers :mod:`statelog.format.wal` (crc masking, frame alignment, the segment
 header, segment names) and :func:`statelog.log.reader.scan_segment` /
-:func:`statelog.log.reader.salvage_frames` (what is a record, what is clean,
+:func:`statelog.log.salvage.salvage_frames` (what is a record, what is clean,
 torn or corrupt), without any store or recovery policy on top.
 """
 
@@ -35,7 +35,9 @@ from statelog.format.wal import (
     segment_name,
     unmask,
 )
-from statelog.log.reader import SegmentScan, StopKind, salvage_frames, scan_segment
+from statelog.log import salvage
+from statelog.log.reader import SegmentScan, StopKind, scan_segment
+from statelog.log.salvage import SALVAGE_FACTOR, SalvageLimit, salvage_frames
 from statelog.log.writer import WalWriter
 from statelog.storage.fileio import FileLayer
 from tests.helpers import frames
@@ -542,6 +544,98 @@ def test_salvage_finds_nothing_in_zeros_or_torn_bytes(tmp_path: Path) -> None:
     data = path.read_bytes()
     assert list(salvage_frames(bytes(4096), 0)) == []
     assert list(salvage_frames(data[:-9], HEADER_SIZE)) == []
+
+
+def _header_lookalikes(size: int, claimed: int) -> bytes:
+    """Bytes a stored value may hold: a frame header every 16 bytes, each claiming a
+    ``claimed``-byte payload that fits but never verifies."""
+    buf = bytearray(size)
+    for off in range(0, size - FRAME_HEADER_SIZE, 16):
+        FRAME_HEADER.pack_into(buf, off, 0, claimed, FrameType.FULL, padding(claimed), 0, 0)
+    return bytes(buf)
+
+
+def test_salvage_work_is_bounded_past_bytes_shaped_like_headers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each candidate header costs a checksum over the length it claims: without a bound,
+    a region of look-alikes costs its size times the claimed length. The search stops at
+    SALVAGE_FACTOR times the region (SalvageLimit) and yields nothing it did not verify."""
+    checked: list[int] = []
+    real = salvage.frame_crc
+
+    def counting(header: memoryview, payload: memoryview) -> int:
+        checked.append(len(payload))
+        return real(header, payload)
+
+    monkeypatch.setattr(salvage, "frame_crc", counting)
+    blob = _header_lookalikes(4 << 20, 64 << 10)  # unbounded: 262,144 checks of 64 KiB
+    with pytest.raises(SalvageLimit) as err:
+        list(salvage_frames(blob, 0))
+    assert sum(checked) <= SALVAGE_FACTOR * len(blob)
+    assert 0 < err.value.offset < len(blob)
+
+
+def test_a_torn_record_of_header_lookalikes_is_judged_quickly_and_not_torn(
+    tmp_path: Path,
+) -> None:
+    """A crash in the middle of appending a value full of header look-alikes: the search
+    for a valid frame past the cut stops at its bound, and the reader refuses to call
+    it torn (it cannot tell), rather than scanning for minutes."""
+    value = _header_lookalikes(2 << 20, 1 << 20)
+    path, _ = write_segment(tmp_path, [b"kept", value], seal=False, fragment_bytes=4 << 20)
+    data = path.read_bytes()
+    s = scan(path, data[: len(data) - (512 << 10) + 5])
+    assert s.stop.kind is StopKind.CORRUPT and payloads_of(s) == [b"kept"]
+    assert "too much looks like frame headers" in s.stop.reason
+
+
+def _torn_large_record(tmp_path: Path, sector_in: int, zero: bool) -> SegmentScan:
+    """One unfinished append of a FIRST and a LAST fragment after a kept record; a sector
+    of fragment ``sector_in`` (1: FIRST, 2: LAST) zeroed, or one bit of it flipped."""
+    big = random.Random(5).randbytes(20 << 10)
+    path, _ = write_segment(tmp_path, [b"kept", big], seal=False, fragment_bytes=16 << 10)
+    fr = frames(path)
+    assert [f.ftype for f in fr] == [FrameType.FULL, FrameType.FIRST, FrameType.LAST]
+    data = bytearray(path.read_bytes())
+    at = (fr[sector_in].offset // 512 + 2) * 512
+    if zero:
+        data[at : at + 512] = bytes(512)
+    else:
+        data[at + 3] ^= 0x10
+    return scan(path, bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("sector_in", "zero", "kind"),
+    [
+        (1, True, StopKind.TORN),  # the FIRST's sector never written, the LAST's was
+        (2, True, StopKind.TORN),
+        (1, False, StopKind.CORRUPT),  # a flipped bit is not an unwritten sector
+        (2, False, StopKind.CORRUPT),
+    ],
+)
+def test_the_rest_of_a_torn_record_does_not_make_its_damage_corruption(
+    tmp_path: Path, sector_in: int, zero: bool, kind: StopKind
+) -> None:
+    """Sectors of one append reach the disk in any order: a LAST fragment that verifies
+    after its FIRST's unwritten sector belongs to the same unfinished record, so it is
+    not evidence of anything valid after the damage."""
+    s = _torn_large_record(tmp_path, sector_in, zero)
+    assert s.stop.kind is kind and payloads_of(s) == [b"kept"]
+
+
+def test_a_seal_whose_payload_is_not_eight_bytes_is_corruption(tmp_path: Path) -> None:
+    """A SEAL frame that verifies but holds no 8-byte LSN (a foreign or crafted file) is
+    a corrupt stop, never an unpacking error."""
+    path, _ = write_segment(tmp_path, [], seal=False)
+    header = path.read_bytes()[:HEADER_SIZE]
+    rec, c1 = frame(FrameType.FULL, b"s" * 10, 0)
+    for payload in (b"", b"\x01" * 7, b"\x01" * 9):
+        seal, _ = frame(FrameType.SEAL, payload, c1)
+        s = scan(path, header + rec + seal)
+        assert (s.stop.kind, s.stop.offset) == (StopKind.CORRUPT, HEADER_SIZE + len(rec))
+        assert s.sealed_lsn is None and "seal of" in s.stop.reason
 
 
 def _verdict(s: SegmentScan) -> tuple[object, ...]:

@@ -85,6 +85,8 @@ _FOOTER = struct.Struct("<32s8s")
 assert _HEADER.size == HEADER_SIZE and _FOOTER.size == FOOTER_SIZE
 _NAME = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})\.snap$")
 _NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+_U63 = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
+"""An offset or a watermark: the range a commit record holds them in."""
 _Positive = Annotated[int, msgspec.Meta(ge=1)]
 _SnapName = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{16}-[0-9a-f]{16}\.snap$")]
 _Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
@@ -165,8 +167,8 @@ class MetaDoc(msgspec.Struct, omit_defaults=True):
     keys per table of the state the snapshot restores (for a delta: parent and
     delta together)."""
 
-    offsets: dict[str, int]
-    low_watermark_ms: int
+    offsets: dict[str, _U63]
+    low_watermark_ms: _U63
     tables: dict[str, _NonNegative]
     body_bytes: _NonNegative
     created_ms: int
@@ -179,8 +181,8 @@ class MetaDoc(msgspec.Struct, omit_defaults=True):
 class ImageMetaDoc(msgspec.Struct):
     """The meta map of version 1: ``image_bytes`` is the LMDB image's size."""
 
-    offsets: dict[str, int]
-    low_watermark_ms: int
+    offsets: dict[str, _U63]
+    low_watermark_ms: _U63
     tables: dict[str, _NonNegative]
     image_bytes: _NonNegative
     created_ms: int

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import enum
 import os
-import re
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +42,7 @@ from statelog.format.wal import (
     frame_crc,
     padding,
 )
+from statelog.log.salvage import SECTOR, SalvageLimit, salvage_frames
 
 __all__ = [
     "Record",
@@ -52,12 +51,11 @@ __all__ = [
     "StopKind",
     "peek_generation",
     "peek_seal",
-    "salvage_frames",
     "scan_from",
     "scan_segment",
 ]
 
-SECTOR = 512
+_STARTS = (FrameType.FULL, FrameType.FIRST, FrameType.SEAL)
 
 
 class StopKind(enum.Enum):
@@ -149,37 +147,6 @@ def _has_zero_sector(data: memoryview, start: int, end: int) -> bool:
             return True
         pos = nxt
     return False
-
-
-# A frame header's bytes 8 to 11: a type (1 to SEAL), a padding (0 to 7), reserved zeros.
-_HEADER_TYPE = re.compile(b"[\\x01-\\x%02x][\\x00-\\x07]\\x00\\x00" % FrameType.SEAL, re.DOTALL)
-
-
-def salvage_frames(data: bytes | memoryview, start: int) -> Iterator[tuple[int, int, memoryview]]:
-    """Yield ``(offset, type, payload)`` of every frame after ``start`` that verifies on its own.
-
-    Used only past damage, to tell torn from corrupt and to estimate lost
-    epochs; the chain is ignored, so these frames are evidence, never applied.
-    """
-    view = memoryview(data)
-    pos = start + (-start % 8)
-    size = len(view)
-    while pos + FRAME_HEADER_SIZE <= size:
-        # Only an 8-aligned offset whose type, padding and reserved bytes could belong to
-        # a header is parsed: a search in C, where a step per offset in Python made a
-        # large torn frame cost 150 ms per MiB to look past.
-        found = _HEADER_TYPE.search(view, pos + 8)
-        while found is not None and (found.start() - 8) % 8:
-            found = _HEADER_TYPE.search(view, found.start() + 1)
-        if found is None:
-            return
-        pos = found.start() - 8
-        frame, _, _ = _parse_frame(view, pos)
-        if frame is not None:
-            yield pos, frame.ftype, frame.payload
-            pos = frame.end
-        else:
-            pos += 8
 
 
 def scan_segment(
@@ -292,6 +259,10 @@ def _scan_frames(
             return
         chain = frame.crc
         if ftype == FrameType.SEAL:
+            if len(frame.payload) != SEAL_PAYLOAD.size:
+                why = f"seal of {len(frame.payload)} bytes at offset {off}"
+                scan.stop = Stop(StopKind.CORRUPT, record_start, why)
+                return
             scan.sealed_lsn = int(SEAL_PAYLOAD.unpack_from(frame.payload)[0])
             scan.seal_offset = off
             scan.end_crc = chain
@@ -325,12 +296,20 @@ def _stop(
 ) -> None:
     """Record a stop at ``record_start``: torn only if allowed and nothing valid follows."""
     at = record_start if damage_at is None else damage_at
-    follows = next(salvage_frames(view, at + 8), None) if damage_at is not None else None
-    if may_be_torn and follows is None:
+    extra = ""
+    if damage_at is not None:
+        # Only a frame that starts a record counts: the rest of a record whose first
+        # fragment is damaged may have reached the disk in the same unfinished append.
+        try:
+            follows = next((f for f in salvage_frames(view, at + 8) if f[1] in _STARTS), None)
+        except SalvageLimit as exc:
+            extra = f"; past offset {exc.offset} too much looks like frame headers to tell"
+        else:
+            extra = f"; a valid frame follows at {follows[0]}" if follows is not None else ""
+    if may_be_torn and not extra:
         reason = "zero-filled tail" if not any(view[at:]) else why
         scan.stop = Stop(StopKind.TORN, record_start, f"torn write at offset {at}: {reason}")
     else:
-        extra = f"; a valid frame follows at {follows[0]}" if follows is not None else ""
         scan.stop = Stop(StopKind.CORRUPT, record_start, f"{why} at offset {at}{extra}")
 
 

@@ -32,7 +32,8 @@ from pathlib import Path
 from statelog.errors import StorageError
 from statelog.format.records import RecordSchemaError, decode_record
 from statelog.format.wal import HEADER_SIZE, SEAL_FRAME_SIZE, FrameType, SegmentHeader
-from statelog.log.reader import SegmentScan, salvage_frames
+from statelog.log.reader import SegmentScan
+from statelog.log.salvage import SalvageLimit, salvage_frames
 from statelog.recovery.report import Outcome, Rejection
 from statelog.state.live import LiveState
 from statelog.storage.fileio import FileLayer
@@ -211,17 +212,26 @@ def _salvage_epochs(
             sources.append(memoryview(more)[HEADER_SIZE:])
     found: list[int] = []
     for blob in sources:
-        parts: list[memoryview] = []
-        for _, ftype, payload in salvage_frames(blob, 0):
-            if ftype in (FrameType.FULL, FrameType.FIRST):
-                parts = [payload]
-            elif ftype in (FrameType.MIDDLE, FrameType.LAST) and parts:
-                parts.append(payload)
-            else:
-                parts = []
-                continue
-            if ftype in (FrameType.FULL, FrameType.LAST):
-                with contextlib.suppress(RecordSchemaError):
-                    found.append(decode_record(b"".join(parts)).epoch)
-                parts = []
+        with contextlib.suppress(SalvageLimit):  # what was found before the bound counts
+            _epochs_in(blob, found)
     return found
+
+
+def _epochs_in(blob: bytes | memoryview, found: list[int]) -> None:
+    """Append the epochs of the records in ``blob`` whose frames verify on their own.
+
+    :raises SalvageLimit: as :func:`~statelog.log.salvage.salvage_frames`.
+    """
+    parts: list[memoryview] = []
+    for _, ftype, payload in salvage_frames(blob, 0):
+        if ftype in (FrameType.FULL, FrameType.FIRST):
+            parts = [payload]
+        elif ftype in (FrameType.MIDDLE, FrameType.LAST) and parts:
+            parts.append(payload)
+        else:
+            parts = []
+            continue
+        if ftype in (FrameType.FULL, FrameType.LAST):
+            with contextlib.suppress(RecordSchemaError):
+                found.append(decode_record(b"".join(parts)).epoch)
+            parts = []

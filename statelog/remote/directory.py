@@ -275,11 +275,13 @@ def _check_size(key: str, size: int, limit: int) -> None:
 
 
 def _open(path: Path) -> IO[bytes]:
-    """Open a regular file for reading, refusing a symlink planted in its place."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    """Open a regular file for reading, refusing a symlink or anything else planted in its
+    place. Opened without blocking: an open of a FIFO would wait for a writer forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise RemoteIntegrityError(path.name, "not a regular file")
+        os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
