@@ -609,20 +609,45 @@ def _torn_large_record(tmp_path: Path, sector_in: int, zero: bool) -> SegmentSca
 @pytest.mark.parametrize(
     ("sector_in", "zero", "kind"),
     [
-        (1, True, StopKind.TORN),  # the FIRST's sector never written, the LAST's was
+        (1, True, StopKind.CORRUPT),  # the LAST that verifies past it: not a torn tail
         (2, True, StopKind.TORN),
-        (1, False, StopKind.CORRUPT),  # a flipped bit is not an unwritten sector
+        (1, False, StopKind.CORRUPT),
         (2, False, StopKind.CORRUPT),
     ],
 )
-def test_the_rest_of_a_torn_record_does_not_make_its_damage_corruption(
+def test_a_frame_that_verifies_past_the_damage_makes_it_corruption_even_its_own_rest(
     tmp_path: Path, sector_in: int, zero: bool, kind: StopKind
 ) -> None:
-    """Sectors of one append reach the disk in any order: a LAST fragment that verifies
-    after its FIRST's unwritten sector belongs to the same unfinished record, so it is
-    not evidence of anything valid after the damage."""
+    """A LAST fragment that verifies after its FIRST's zeroed sector might be the same
+    unfinished append, its sectors persisted out of order; or the FIRST was written and
+    acknowledged and a zero block in the value was later damaged. The reader cannot
+    tell, so it refuses to call it torn: corruption keeps the remainder aside."""
     s = _torn_large_record(tmp_path, sector_in, zero)
     assert s.stop.kind is kind and payloads_of(s) == [b"kept"]
+
+
+def test_salvage_finds_a_header_overlapping_an_unaligned_lookalike(tmp_path: Path) -> None:
+    """A fragment of 16 MiB has length 0x01000000: its top length byte and the header's
+    type, padding and reserved bytes read as an unaligned look-alike one byte early.
+    The search must still try the aligned header inside it."""
+    payload = random.Random(9).randbytes(16 << 20)
+    path, _ = write_segment(tmp_path, [b"a" * 10, payload], seal=False, fragment_bytes=16 << 20)
+    fr = frames(path)
+    data = bytearray(path.read_bytes())
+    assert fr[1].length == 1 << 24
+    data[fr[0].offset + FRAME_HEADER_SIZE] ^= 1  # damage the small record before it
+    found = [(off, t) for off, t, _ in salvage_frames(bytes(data), fr[0].offset + 8)]
+    assert found == [(fr[1].offset, fr[1].ftype)]
+    s = scan(path, bytes(data))
+    assert s.stop.kind is StopKind.CORRUPT and "a valid frame follows" in s.stop.reason
+
+
+def test_salvage_does_not_run_out_on_a_segment_of_tiny_records(tmp_path: Path) -> None:
+    """Every frame of an intact segment of tiny records is a candidate header: the bound
+    must leave room for all of them (lost-epoch evidence comes from such segments)."""
+    path, _ = write_segment(tmp_path, [b"e" * 40] * 18000, seal=False, fragment_bytes=4096)
+    data = path.read_bytes()
+    assert len(list(salvage_frames(data, HEADER_SIZE))) == len(frames(path)) == 18000
 
 
 def test_a_seal_whose_payload_is_not_eight_bytes_is_corruption(tmp_path: Path) -> None:

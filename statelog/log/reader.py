@@ -55,8 +55,6 @@ __all__ = [
     "scan_segment",
 ]
 
-_STARTS = (FrameType.FULL, FrameType.FIRST, FrameType.SEAL)
-
 
 class StopKind(enum.Enum):
     CLEAN = "clean"
@@ -298,10 +296,8 @@ def _stop(
     at = record_start if damage_at is None else damage_at
     extra = ""
     if damage_at is not None:
-        # Only a frame that starts a record counts: the rest of a record whose first
-        # fragment is damaged may have reached the disk in the same unfinished append.
         try:
-            follows = next((f for f in salvage_frames(view, at + 8) if f[1] in _STARTS), None)
+            follows = next(salvage_frames(view, at + 8), None)
         except SalvageLimit as exc:
             extra = f"; past offset {exc.offset} too much looks like frame headers to tell"
         else:

@@ -17,13 +17,16 @@ from collections.abc import Iterator
 
 from statelog.format.wal import FRAME_HEADER, FRAME_HEADER_SIZE, FrameType, frame_crc, padding
 
-__all__ = ["SALVAGE_FACTOR", "SECTOR", "SalvageLimit", "salvage_frames"]
+__all__ = ["HIT_COST", "MISS_COST", "SALVAGE_FACTOR", "SECTOR", "SalvageLimit", "salvage_frames"]
 
 SECTOR = 512
 """The unit of a disk write that may reach the platter or not: a torn write's grain."""
 SALVAGE_FACTOR = 8
-"""A search checks at most this many times the bytes it searches (at least 1 MiB):
-each candidate header costs :data:`SECTOR`, and its claimed length if it is checked."""
+"""A search checks at most this many times the bytes it searches (at least 1 MiB), in
+the lengths the candidate headers it checksums claim, plus :data:`HIT_COST` for each
+aligned candidate and :data:`MISS_COST` for each unaligned one."""
+HIT_COST = 32
+MISS_COST = 8
 _FLOOR = 1 << 20
 
 # A frame header's bytes 8 to 11: a type (1 to SEAL), a padding (0 to 7), reserved zeros.
@@ -67,19 +70,22 @@ def salvage_frames(data: bytes | memoryview, start: int) -> Iterator[tuple[int, 
     view = memoryview(data)
     budget = SALVAGE_FACTOR * max(len(view) - start, _FLOOR)
     pos = start + (-start % 8)
-    while True:
-        for found in _HEADER_TYPE.finditer(view, pos + 8):
-            at = found.start() - 8
-            budget -= SECTOR
-            if budget < 0:
-                raise SalvageLimit(at)
-            if at % 8:
-                continue
-            frame, checked = _verified_at(view, at)
-            budget -= checked
-            if frame is not None:
-                ftype, payload, pos = frame
-                yield at, ftype, payload
-                break
+    found = _HEADER_TYPE.search(view, pos + 8)
+    while found is not None:
+        at = found.start() - 8
+        if at % 8:
+            # Matches may overlap: an unaligned one can hold the first bytes of an
+            # aligned header, so the search goes on from the next byte.
+            budget -= MISS_COST
+            nxt = found.start() + 1
         else:
-            return
+            frame, checked = _verified_at(view, at)
+            budget -= HIT_COST + checked
+            nxt = found.start() + 8
+            if frame is not None:
+                ftype, payload, end = frame
+                yield at, ftype, payload
+                nxt = end + 8
+        if budget < 0:
+            raise SalvageLimit(at)
+        found = _HEADER_TYPE.search(view, nxt)
