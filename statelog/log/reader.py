@@ -42,7 +42,7 @@ from statelog.format.wal import (
     frame_crc,
     padding,
 )
-from statelog.log.salvage import SECTOR, SalvageLimit, salvage_frames
+from statelog.log.salvage import SalvageLimit, salvage_frames
 
 __all__ = [
     "Record",
@@ -54,6 +54,8 @@ __all__ = [
     "scan_from",
     "scan_segment",
 ]
+
+SECTOR = 512
 
 
 class StopKind(enum.Enum):

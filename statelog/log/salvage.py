@@ -17,10 +17,8 @@ from collections.abc import Iterator
 
 from statelog.format.wal import FRAME_HEADER, FRAME_HEADER_SIZE, FrameType, frame_crc, padding
 
-__all__ = ["HIT_COST", "MISS_COST", "SALVAGE_FACTOR", "SECTOR", "SalvageLimit", "salvage_frames"]
+__all__ = ["HIT_COST", "MISS_COST", "SALVAGE_FACTOR", "SalvageLimit", "salvage_frames"]
 
-SECTOR = 512
-"""The unit of a disk write that may reach the platter or not: a torn write's grain."""
 SALVAGE_FACTOR = 8
 """A search checks at most this many times the bytes it searches (at least 1 MiB), in
 the lengths the candidate headers it checksums claim, plus :data:`HIT_COST` for each

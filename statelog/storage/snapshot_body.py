@@ -218,7 +218,7 @@ def stream_image(image: Path, write: Callable[[bytes], object]) -> tuple[int, di
     tables without keys are left out. Returns the stream's size and the
     keys per table. The image must be this process's own: it is mapped.
     """
-    size, counts = 0, {}
+    tee = StreamTee(write)
     with (
         lmdb.open(str(image), max_dbs=1, map_size=1, **_READ_ONLY) as probe,
         probe.begin() as txn,
@@ -226,27 +226,19 @@ def stream_image(image: Path, write: Callable[[bytes], object]) -> tuple[int, di
         names = [bytes(k) for k, _ in txn.cursor()]
     with lmdb.open(str(image), max_dbs=max(1, len(names)), map_size=1, **_READ_ONLY) as env:
         for raw in names:
-            table, n = raw.decode("utf-8"), 0
             db = env.open_db(raw, create=False)
             with env.begin(db=db, buffers=False) as txn, txn.cursor() as cur:
-                for keys, values in _chunks(cur.iternext(keys=True, values=True)):
-                    part = encode_puts(keys, values)
-                    if not n:
-                        part = encode_table(table) + part
-                    write(part)
-                    size += len(part)
-                    n += len(keys)
-            if n:
-                counts[table] = n
-    tail = encode_end(sum(counts.values()), len(counts))
-    write(tail)
-    return size + len(tail), counts
+                entries = cur.iternext(keys=True, values=True)
+                while batch := list(islice(entries, TARGET_CHUNK_RECORDS)):
+                    tee.add(raw.decode("utf-8"), batch)
+    return tee.finish()
 
 
 class StreamTee:
-    """The record stream of an image being built, written from the entries appended to it:
-    the bytes :func:`stream_image` would write of the finished image, without reading
-    the image back (a full merge streams its snapshot while it builds its image).
+    """The record stream of an image, written from its entries in order: as a full merge
+    appends them to the image it builds (so the image is not read back), or as
+    :func:`stream_image` reads them from a finished one. The same entries make the same
+    bytes either way.
 
     Feed every table's live entries in table-name order, each table's in increasing key
     order (as :meth:`StreamBuild.append_sorted` takes them), then :meth:`finish`. Chunks
