@@ -7,7 +7,8 @@ what it finds: the chain is ignored here, so these frames are evidence only.
 
 The search is bounded: a stored value may hold bytes shaped like frame
 headers, each claiming a length whose checksum costs that many bytes, and
-without a bound a torn multi-MiB record of them took minutes to look past.
+without a bound the search is quadratic: past a torn 8 MiB record of them it
+had not finished after 50 s.
 """
 
 from __future__ import annotations
