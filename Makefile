@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 .PHONY: demo crash-demo failover-demo broker test lint typecheck unit stress bench bench-quick clean
 
 # The C source too: an editable install builds the extension once, not on import.
-$(STAMP): pyproject.toml statelog/format/_exact.c
+$(STAMP): pyproject.toml statelog/format/_exact.c statelog/format/_msgcheck.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'

@@ -45,7 +45,8 @@ from typing import Annotated
 import msgspec
 
 from statelog.format.limits import MAX_KEY_BYTES, table_name_problem
-from statelog.format.records import DECODE_ERRORS, decode_value
+from statelog.format.records import DECODE_ERRORS
+from statelog.format.values import check_values
 
 __all__ = [
     "CHUNK_HEADER_SIZE",
@@ -269,10 +270,10 @@ class StreamChecker:
         if not keys or len(keys) != len(raws):
             raise StreamError(at, f"{len(keys)} keys and {len(raws)} values in a puts chunk")
         try:
-            # Every value decoded as a read decodes it, in one pass over the chunk: a
-            # skip over the structure would pass bad UTF-8, bad timestamps and
+            # Every value checked as a read decodes it, in one pass over the chunk: a
+            # plain skip over the structure would pass bad UTF-8, bad timestamps and
             # unhashable map keys, which the log's own check refuses.
-            decode_value(payload)
+            check_values([payload])
         except DECODE_ERRORS as exc:
             raise StreamError(at, f"a value that does not decode: {exc}") from None
         why = _keys_problem(keys, self._last_key)

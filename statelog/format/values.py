@@ -30,9 +30,10 @@ Values written before the extensions existed decode as they did: an aware
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
+from itertools import islice
 from typing import Any
 
 import msgspec
@@ -40,11 +41,13 @@ import msgspec
 from statelog.format.exact import PLAIN_TYPE_IDS, encode_plain
 
 __all__ = [
+    "CHECKED_IN_C",
     "EXT_DATE",
     "EXT_DATETIME",
     "EXT_DECIMAL",
     "VALUE_TYPES",
     "check_values",
+    "decodable_prefix",
     "decode_value",
     "decode_values",
     "encode_value",
@@ -162,14 +165,40 @@ def decode_values(values: Iterable[bytes | memoryview]) -> list[Any]:
 _drop = deque[Any](maxlen=0).extend  # consumes an iterator, keeping nothing
 
 
-def check_values(values: Iterable[bytes | memoryview]) -> None:
-    """Decode each of ``values`` and drop it at once: the check of every value of every
-    record that a replay, a fold or a restore makes, which keeps no value.
+def _none_proven(values: list[Any]) -> int:
+    return 0
 
-    Dropping each object as soon as it is made reuses the same memory for the next,
-    where a list of them all would touch fresh memory for every value.
+
+try:
+    from statelog.format import _msgcheck as _c
+except ImportError:  # built without a C compiler: every value is decoded to check it
+    _c = None  # type: ignore[assignment]
+CHECKED_IN_C = _c is not None
+"""True when :func:`decodable_prefix` reads values in C; else it proves none."""
+
+decodable_prefix: Callable[[list[Any]], int] = _none_proven if _c is None else _c.decodable_prefix
+"""How many leading items of a list of encoded values are proven, in C and without
+making any object, to be one msgpack object each of a part of msgpack that
+:func:`decode_value` always decodes: nil, booleans, ints, floats, ASCII strings,
+binaries, and arrays and maps of them nested at most 32 deep, with scalar map keys.
+The item after them is not proven, which is no verdict: :func:`decode_value` decides.
+Items must be ``bytes`` or contiguous ``memoryview``; 0 without the C module."""
+
+
+def check_values(values: Iterable[bytes | memoryview]) -> None:
+    """Check that each of ``values`` decodes as a read decodes it, keeping nothing: the
+    check of every value of every record that a replay, a fold or a restore makes.
+
+    A list's leading values that :func:`decodable_prefix` proves are not decoded;
+    the rest are decoded and each object dropped at once, which reuses the same
+    memory for the next where a list of them all would touch fresh memory.
 
     :raises msgspec.DecodeError: as :func:`decode_values`, for the first value that
         fails; likewise its other exceptions.
     """
+    if type(values) is list:
+        done = decodable_prefix(values)
+        if done == len(values):
+            return
+        values = islice(values, done, None)
     _drop(map(_decode, values))

@@ -1,0 +1,3 @@
+from typing import Any
+
+def decodable_prefix(values: list[Any], /) -> int: ...
