@@ -88,6 +88,7 @@ Prometheus series (docs/metrics.md) for as long as the daemon runs; with
 With --remote URL each pass ships, compacts and ships again (docs/remote.md);
 the AWS_* environment configures the connection.
 The daemon reads only sealed segments and snapshots; the writer keeps running.
+SIGUSR1 starts the next round now (a writer sends it to the daemon it started).
 """
 )
 

@@ -43,6 +43,7 @@ from statelog.storage.layout import REMOTE_RECORD, StoreLayout
 __all__ = [
     "IDLE_RECHECK",
     "STOP_SIGNALS",
+    "WAKE_SIGNAL",
     "ShipFailedError",
     "ShipLoop",
     "fenced_exit",
@@ -54,6 +55,9 @@ log = logging.getLogger(LOGGER)
 
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 """The signals that stop the daemon (blocked, and waited for with ``sigtimedwait``)."""
+WAKE_SIGNAL = signal.SIGUSR1
+"""The signal that starts the daemon's next round now (blocked like the stop signals):
+a writer that started the daemon as its child sends it when it seals a segment."""
 _STOP_WAIT = 120.0
 """Seconds :meth:`ShipLoop.stop` waits for a ship in flight before killing the process."""
 
@@ -320,17 +324,31 @@ def _ship_reply(
 
 
 def wait_for_round(seconds: float, shipper: ShipLoop | None) -> bool:
-    """Wait ``seconds`` for the next round, waking early if the ship loop was fenced.
+    """Wait ``seconds`` for the next round, waking early if the ship loop was fenced
+    or :data:`WAKE_SIGNAL` arrives (one that arrived during the round ends the wait
+    at once, so a wake is never lost).
 
     :returns: whether a stop signal arrived.
     """
     deadline = time.monotonic() + seconds
     while True:
         left = deadline - time.monotonic()
-        if signal.sigtimedwait(STOP_SIGNALS, max(0.0, min(left, 0.5))) is not None:
-            return True
+        got = signal.sigtimedwait(_WAITED, max(0.0, min(left, 0.5)))
+        if got is not None:
+            return got.si_signo != WAKE_SIGNAL or _consume_stop()
         if left <= 0.5 or (shipper is not None and shipper.fenced is not None):
             return False
+
+
+_WAITED = STOP_SIGNALS | {WAKE_SIGNAL}
+
+
+def _consume_stop() -> bool:
+    """Whether a stop signal is pending too (it wins over a wake); consumes the wakes."""
+    pending = signal.sigpending()
+    while WAKE_SIGNAL in pending and signal.sigtimedwait({WAKE_SIGNAL}, 0) is not None:
+        pending = signal.sigpending()
+    return bool(pending & STOP_SIGNALS)
 
 
 def ship_store(

@@ -421,6 +421,30 @@ def test_a_round_that_folded_is_followed_at_once_and_an_idle_one_sleeps(
         assert daemon.wait(timeout=10) == 0
 
 
+def test_sigusr1_starts_the_next_round_now_and_sigterm_still_stops(store_path: Path) -> None:
+    """The wake signal ends the interval's sleep (a writer sends it on each seal); it
+    neither stops the daemon nor is taken for a stop, and one that arrives while a
+    stop is pending does not hide the stop."""
+    with statelog.open(store_path, segment_bytes=SEG) as s:
+        commits(s, 1, 40)
+    daemon = start_daemon("--interval", "600", "--min-tail-bytes", "0", store_path)
+    try:
+        wait_for(daemon, "reason=nothing_new")  # folded, looked again, now asleep
+        with statelog.open(store_path, segment_bytes=SEG) as s:
+            commits(s, 41, 80)
+        daemon.send_signal(signal.SIGUSR1)
+        wait_for(daemon, "event=snapshot_written", timeout=20)
+        wait_for(daemon, "reason=nothing_new", timeout=20)
+        assert daemon.poll() is None
+        daemon.send_signal(signal.SIGTERM)
+        daemon.send_signal(signal.SIGUSR1)
+        assert daemon.wait(timeout=10) == 0
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+
+
 def test_second_daemon_exits_4_and_sigterm_stops_gracefully(store_path: Path) -> None:
     with statelog.open(store_path, segment_bytes=SEG) as s:
         commits(s, 1, 40)

@@ -108,3 +108,43 @@ def test_compactor_process_that_finds_a_daemon_is_reported(
         assert "event=compactor_process_exited code=4" in caplog.text
     finally:
         daemon_lock.release()
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_sealed_segment_wakes_the_compactor_before_its_interval(
+    store_path: Path, mode: str
+) -> None:
+    """With a one-hour interval, only the wake on each seal can make a snapshot while
+    the writer runs: the first pass, at start, finds nothing sealed to fold."""
+    opts = {
+        "segment_bytes": 4096,
+        "compactor": mode,
+        "compactor_interval": timedelta(hours=1),
+        "min_tail_bytes": 0,
+        "base_refresh": timedelta(milliseconds=50),
+    }
+    with statelog.open(store_path, **opts) as store:
+        time.sleep(0.5)  # the first pass has run, or the process is still starting
+        deadline = time.monotonic() + 30
+        i = 0
+        while not list_snapshots(store_path / "snapshots") and time.monotonic() < deadline:
+            i += 1
+            store.commit(offsets={"p": i}, put={f"k{i % 7}": "x" * 600})
+            time.sleep(0.01)
+        assert list_snapshots(store_path / "snapshots"), "no pass ran before the interval"
+
+
+def test_a_wake_sent_as_the_compactor_process_starts_never_kills_it(store_path: Path) -> None:
+    """SIGUSR1's default action is to terminate: the child starts with it blocked, so a
+    wake that arrives before the daemon has blocked it itself waits for its first sleep."""
+    statelog.open(store_path).close()
+    with statelog.open(store_path, compactor="process") as store:
+        assert store._writer is not None
+        compactor = store._writer.compactor
+        assert compactor is not None
+        for _ in range(50):
+            compactor.wake()
+        proc = compactor._proc  # type: ignore[attr-defined]
+        time.sleep(2)
+        assert proc.poll() is None, f"the compactor exited with {proc.returncode}"
+    assert proc.returncode == 0

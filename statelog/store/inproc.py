@@ -11,6 +11,11 @@ that wants compaction without a second service, the writer can start one:
 * ``"thread"``: a thread of the writing process running one pass every
   interval. It shares the GIL with commits: simplest, and slowest.
 
+Either is woken when the writer seals a segment (:meth:`InProcessCompactor.wake`:
+the child gets SIGUSR1, the daemon's wake signal), so a pass starts as soon as
+there is sealed log to fold, not up to an interval later: a writer held back by
+``max_overlay_bytes`` waits for that pass.
+
 Either takes the store's compactor lock; when a daemon already holds it,
 the writer logs that and leaves compaction to the daemon (the child
 process exits with status 3, which a watcher thread logs).
@@ -25,12 +30,14 @@ typically).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -38,6 +45,7 @@ from typing import Protocol
 
 from statelog.compaction.lock import CompactorLock
 from statelog.errors import CompactorLockedError
+from statelog.log.writer import WalWriter
 from statelog.store.options import CompactorMode
 
 __all__ = ["CompactorSettings", "InProcessCompactor", "start_compactor"]
@@ -46,6 +54,10 @@ log = logging.getLogger("statelog.store.store")
 
 
 class InProcessCompactor(Protocol):
+    def wake(self) -> None:
+        """Start the next pass now rather than at the interval: a segment was sealed.
+        Never blocks, and never raises for a compactor that has exited."""
+
     def stop(self) -> None: ...
 
 
@@ -64,6 +76,7 @@ class _ThreadCompactor:
     def __init__(self, store: Path, s: CompactorSettings) -> None:
         self._lock = CompactorLock(store)  # raises CompactorLockedError
         self._stop = threading.Event()
+        self._wake = threading.Event()
 
         def run() -> None:
             # Loaded here, not at import: most writers leave compaction to the
@@ -71,7 +84,11 @@ class _ThreadCompactor:
             from statelog.compaction.fold import compact
 
             wait = s.interval
-            while not self._stop.wait(wait):
+            while True:
+                self._wake.wait(wait)
+                self._wake.clear()
+                if self._stop.is_set():
+                    return
                 wait = s.interval
                 try:
                     result = compact(
@@ -91,8 +108,12 @@ class _ThreadCompactor:
         self._thread = threading.Thread(target=run, name="statelog-compactor", daemon=True)
         self._thread.start()
 
+    def wake(self) -> None:
+        self._wake.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join()
         self._lock.release()
 
@@ -124,6 +145,11 @@ class _ProcessCompactor:
                 "store=%s event=compactor_process_exited code=%d reason=%r", store, code, why
             )
 
+    def wake(self) -> None:
+        # send_signal does nothing once the child was reaped, so the pid is never another's.
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.send_signal(signal.SIGUSR1)
+
     def stop(self) -> None:
         self._stopping = True
         if self._proc.poll() is None:
@@ -139,7 +165,13 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the parent dies (Linux; elsewhere a no-op)."""
+    """In the child, before exec: SIGTERM when the parent dies (Linux; elsewhere a no-op).
+
+    Also block SIGUSR1, the daemon's wake signal, which the mask carries through
+    exec: a wake sent before the daemon blocks it itself would otherwise kill it
+    (SIGUSR1's default action); blocked, it waits for the daemon's first sleep.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -154,21 +186,39 @@ def start_compactor(
     *,
     max_chain: int = 8,
     full_ratio: float = 0.5,
+    wal: WalWriter | None = None,
 ) -> InProcessCompactor | None:
     """Start the compactor ``mode`` asks for (options already checked), or None for ``"none"``.
 
     ``max_chain`` and ``full_ratio`` reach every pass (the thread's
-    ``compact`` call, the child's ``--max-chain`` and ``--full-ratio``).
+    ``compact`` call, the child's ``--max-chain`` and ``--full-ratio``). With
+    ``wal``, each segment it seals wakes the compactor, after its own ``on_seal``.
     """
     if mode == "none":
         return None
     settings = CompactorSettings(
         interval.total_seconds(), min_tail_bytes, retain, max_chain, full_ratio
     )
+    started: InProcessCompactor
     if mode == "process":
-        return _ProcessCompactor(store, settings)
-    try:
-        return _ThreadCompactor(store, settings)
-    except CompactorLockedError as exc:
-        log.warning("store=%s event=compactor_already_running detail=%r", store, str(exc))
-        return None
+        started = _ProcessCompactor(store, settings)
+    else:
+        try:
+            started = _ThreadCompactor(store, settings)
+        except CompactorLockedError as exc:
+            log.warning("store=%s event=compactor_already_running detail=%r", store, str(exc))
+            return None
+    if wal is not None:
+        wal.on_seal = _then_wake(wal.on_seal, started)
+    return started
+
+
+def _then_wake(
+    on_seal: Callable[[int, int], None] | None, compactor: InProcessCompactor
+) -> Callable[[int, int], None]:
+    def sealed(lsn: int, crc: int) -> None:
+        if on_seal is not None:
+            on_seal(lsn, crc)
+        compactor.wake()
+
+    return sealed

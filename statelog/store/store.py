@@ -162,6 +162,7 @@ class StateStore(StoreReads, StandbyRole):
             writer.compactor = start_compactor(
                 opts.compactor, self.path, opts.compactor_interval, opts.min_tail_bytes,
                 opts.retain, max_chain=opts.max_chain, full_ratio=opts.full_ratio,
+                wal=writer.wal,
             )  # fmt: skip
         except BaseException:
             self.close()
