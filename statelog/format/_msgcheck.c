@@ -8,9 +8,10 @@
  * floats, ASCII strings, binaries, and arrays and maps of them nested a
  * little, with scalar map keys. This module proves that a value lies in that
  * part, reading its bytes once and making nothing. A value it cannot prove
- * (any extension, a non-ASCII string, a container as a map key, deeper
- * nesting, bytes that are not msgpack) is left to msgspec, which decides and
- * names the error: an answer of "not proven" is never a verdict.
+ * (any extension, a non-ASCII string, a container as a map key, a map with
+ * both str and bytes keys, deeper nesting, bytes that are not msgpack) is
+ * left to msgspec, which decides and names the error: an answer of "not
+ * proven" is never a verdict.
  *
  * So the one property that matters is soundness: a value proven here is one
  * msgspec decodes. tests/test_value_check.py holds it to that on generated
@@ -65,29 +66,53 @@ ascii(cur p, cur end, int64_t n)
     return q;
 }
 
+/* The kinds of map key a map may not mix: a str and a bytes key of the same
+ * contents hash alike, and comparing them warns under `python -bb`. */
+#define KEY_STR 1
+#define KEY_BIN 2
+
 /* n items (pairs when is_map) after p, each proven; the end of the last. */
 static cur
 items(cur p, cur end, int64_t n, int is_map, int depth)
 {
     int64_t i;
+    int keys = 0;
 
-    if (n < 0 || depth >= PROVEN_DEPTH) {
-        return NULL;
+    if (n == 0) {
+        return p;
     }
-    /* Every item takes at least one byte: a count larger than what remains is
-     * refused before the loop, so a crafted count costs nothing. */
-    if ((is_map ? 2 * n : n) > end - p) {
+    if (n < 0 || depth >= PROVEN_DEPTH || (is_map ? 2 * n : n) > end - p) {
+        return NULL;  /* every item takes at least one byte */
+    }
+    /* msgspec counts each container it enters against the interpreter's recursion
+     * limit, from wherever the caller stands: so does the proof. */
+    if (Py_EnterRecursiveCall(" proving a stored value")) {
+        PyErr_Clear();
         return NULL;
     }
     for (i = 0; i < n && p != NULL; i++) {
         if (is_map) {
-            p = plain_object(p, end, depth + 1, 1);
+            unsigned char tag;
+
+            if (p >= end) {
+                p = NULL;
+                break;
+            }
+            tag = *p;
+            if ((tag >= 0xa0 && tag <= 0xbf) || (tag >= 0xd9 && tag <= 0xdb)) {
+                keys |= KEY_STR;
+            }
+            else if (tag >= 0xc4 && tag <= 0xc6) {
+                keys |= KEY_BIN;
+            }
+            p = keys == (KEY_STR | KEY_BIN) ? NULL : plain_object(p, end, depth + 1, 1);
             if (p == NULL) {
-                return NULL;
+                break;
             }
         }
         p = plain_object(p, end, depth + 1, 0);
     }
+    Py_LeaveRecursiveCall();
     return p;
 }
 
@@ -176,8 +201,8 @@ proven(const void *data, Py_ssize_t len)
 PyDoc_STRVAR(decodable_prefix_doc,
 "decodable_prefix(values: list) -> int\n\n"
 "How many leading items of values are each proven to be one msgpack object\n"
-"that msgspec decodes (an exact bytes or a contiguous memoryview of the\n"
-"plain subset). The item after them is not proven, which is no verdict.");
+"that msgspec decodes (an exact bytes or a C-contiguous, unreleased memoryview\n"
+"of the plain subset). The item after them is not proven, which is no verdict.");
 
 static PyObject *
 decodable_prefix(PyObject *module, PyObject *values)
@@ -197,9 +222,16 @@ decodable_prefix(PyObject *module, PyObject *values)
             ok = proven(PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v));
         }
         else if (Py_IS_TYPE(v, &PyMemoryView_Type)) {
-            Py_buffer *view = PyMemoryView_GET_BUFFER(v);
-            ok = view->buf != NULL && PyBuffer_IsContiguous(view, 'C')
-                 && proven(view->buf, view->len);
+            /* Asked for as msgspec asks: a released view refuses, where its stored
+             * Py_buffer would still point at memory it no longer holds. */
+            Py_buffer view;
+
+            if (PyObject_GetBuffer(v, &view, PyBUF_CONTIG_RO) < 0) {
+                PyErr_Clear();
+                break;
+            }
+            ok = proven(view.buf, view.len);
+            PyBuffer_Release(&view);
         }
         else {
             ok = 0;

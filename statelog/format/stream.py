@@ -270,9 +270,9 @@ class StreamChecker:
         if not keys or len(keys) != len(raws):
             raise StreamError(at, f"{len(keys)} keys and {len(raws)} values in a puts chunk")
         try:
-            # Every value checked as a read decodes it, in one pass over the chunk: a
-            # plain skip over the structure would pass bad UTF-8, bad timestamps and
-            # unhashable map keys, which the log's own check refuses.
+            # Every value checked as a read decodes it (the whole chunk decoded unless
+            # it is proven plain): a bare skip over the structure would pass bad UTF-8,
+            # bad timestamps and unhashable map keys, which the log's own check refuses.
             check_values([payload])
         except DECODE_ERRORS as exc:
             raise StreamError(at, f"a value that does not decode: {exc}") from None

@@ -180,9 +180,11 @@ decodable_prefix: Callable[[list[Any]], int] = _none_proven if _c is None else _
 """How many leading items of a list of encoded values are proven, in C and without
 making any object, to be one msgpack object each of a part of msgpack that
 :func:`decode_value` always decodes: nil, booleans, ints, floats, ASCII strings,
-binaries, and arrays and maps of them nested at most 32 deep, with scalar map keys.
-The item after them is not proven, which is no verdict: :func:`decode_value` decides.
-Items must be ``bytes`` or contiguous ``memoryview``; 0 without the C module."""
+binaries, and arrays and maps of them nested at most 32 deep (and within the
+recursion limit, as msgspec's decoder counts it), with scalar map keys, not both
+str and bytes in one map. The item after them is not proven, which is no verdict:
+:func:`decode_value` decides. Items must be ``bytes`` or C-contiguous, unreleased
+``memoryview``; 0 without the C module."""
 
 
 def check_values(values: Iterable[bytes | memoryview]) -> None:
