@@ -9,14 +9,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from statelog.format.wal import parse_segment_name
+from statelog.storage.listing import regular_files
 
 __all__ = ["list_segments"]
 
 
 def list_segments(wal_dir: Path) -> list[tuple[int, int, Path]]:
-    """``(sequence, first_lsn, path)`` of every segment in ``wal_dir``, in log order."""
+    """``(sequence, first_lsn, path)`` of every segment in ``wal_dir``, in log order.
+
+    Anything named like a segment that is not a regular file is left out (logged
+    once: :func:`~statelog.storage.listing.regular_files`): to a reader it is a
+    segment that is not there.
+
+    :raises FileNotFoundError: ``wal_dir`` does not exist.
+    :raises OSError: it cannot be listed.
+    """
     found = []
-    for p in wal_dir.iterdir():
+    for p in regular_files(wal_dir, ".wal"):
         parsed = parse_segment_name(p)
         if parsed is not None:
             found.append((parsed[0], parsed[1], p))

@@ -42,6 +42,7 @@ from statelog.format.snapshot import (
     snapshot_name,
 )
 from statelog.storage.fileio import Buffer, FileLayer
+from statelog.storage.listing import regular_files
 from statelog.storage.snapshot_body import stream_image
 from statelog.storage.snapshot_read import SnapshotMeta, open_read, read_snapshot
 
@@ -66,13 +67,15 @@ _CHUNK = 1 << 20
 def list_snapshots(snap_dir: Path) -> list[tuple[int, int, Path]]:
     """``(epoch, lsn, path)`` of every snapshot in ``snap_dir``, NEWEST first.
 
-    Temporary (``*.tmp``) and any other files are ignored; a missing
-    directory holds no snapshot.
+    Temporary (``*.tmp``) and any other files are ignored, and so is anything
+    named like a snapshot that is not a regular file (logged once:
+    :func:`~statelog.storage.listing.regular_files`); a missing directory holds
+    no snapshot.
 
     :raises OSError: the directory exists but cannot be listed.
     """
     try:
-        entries = list(snap_dir.iterdir())
+        entries = regular_files(snap_dir, ".snap")
     except FileNotFoundError:
         return []
     found = [(*named, p) for p in entries if (named := parse_snapshot_name(p)) is not None]
