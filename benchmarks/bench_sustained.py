@@ -1,11 +1,12 @@
 """Sustained checkpoints with the compactor running: bytes written, throughput, writer memory.
 
-For each ``(keys, seconds, bound)`` of ``sustained``, a template store of that many keys
+For each ``(keys, seconds, bound, interval)`` of ``sustained``, a template store of that many keys
 (``probe template``) is cloned and ``python -m benchmarks.sustained`` runs on the
 clone in a fresh interpreter: 1%-of-1M-sized checkpoints (10,000 updates each)
 back to back for that long, the compactor a child process
 (:mod:`benchmarks.sustained`), the writer's ``max_overlay_bytes`` set to ``bound`` MiB
-(None: unbounded). ``extra_info`` holds what it measured: the log's
+(None: unbounded), its compactor's interval ``interval`` seconds (which a
+sealed segment cuts short). ``extra_info`` holds what it measured: the log's
 bytes (the writer's own writes), the compactor's, updates per second on wall
 time and on the writer's CPU, the seconds commits stalled, and RssAnon sampled
 through the run.
@@ -28,20 +29,24 @@ from .probe import _ENV, ROOT, clone_store, run_probe
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "cell" in metafunc.fixturenames:
         cells = SIZES[str(metafunc.config.getoption("--bench-size"))].sustained
-        ids = [f"{size_id(k)}-{'unbounded' if b is None else f'{b}MiB'}" for k, _s, b in cells]
+        ids = [
+            f"{size_id(k)}-{'unbounded' if b is None else f'{b}MiB'}-{i:g}s"
+            for k, _s, b, i in cells
+        ]
         metafunc.parametrize("cell", cells, ids=ids)
 
 
 def test_sustained(
-    benchmark: Any, cell: tuple[int, float, int | None], sizes: Sizes, tmp_path: Path
+    benchmark: Any, cell: tuple[int, float, int | None, float], sizes: Sizes, tmp_path: Path
 ) -> None:
-    keys, seconds, bound = cell
+    keys, seconds, bound, interval = cell
     run_probe(["template", str(tmp_path / "t"), "--keys", str(keys)], timeout=4 * 3600)
     store = tmp_path / "run"
     clone_store(tmp_path / "t" / "store", store)
     docs: list[dict[str, Any]] = []
     args = [sys.executable, "-m", "benchmarks.sustained", str(store), "--keys", str(keys)]
     args += ["--seconds", f"{seconds:g}", "--sample", f"{max(1.0, seconds / 60):g}"]
+    args += ["--interval", f"{interval:g}"]
     if bound is not None:
         args += ["--max-overlay-mib", str(bound)]
 

@@ -74,9 +74,9 @@ class Sizes:
     """Events through the stream processors' stateful pipeline (``bench_engines.py``)."""
     engine_entities: int
     """Distinct keys (entities) among them: the state's size."""
-    sustained: tuple[tuple[int, float, int | None], ...]
-    """(keys, seconds, the writer's overlay bound in MiB or None) of the sustained-load
-    suite (``bench_sustained.py``)."""
+    sustained: tuple[tuple[int, float, int | None, float], ...]
+    """(keys, seconds, the writer's overlay bound in MiB or None, the compactor's interval
+    in seconds) of the sustained-load suite (``bench_sustained.py``)."""
 
 
 LARGE = ("statelog", "statelog-group", "lmdb", "rocksdb")
@@ -95,7 +95,7 @@ SIZES = {
         changes_commits=3, standby_seconds=2.0,
         pit_keys=2_000, pit_checkpoints=20, pit_window=(4.0, 1.0, 0.5),
         engine_events=2_000, engine_entities=500,
-        sustained=((2_000, 1.0, None), (2_000, 1.0, 16)),
+        sustained=((2_000, 1.0, None, 1.0), (2_000, 1.0, 16, 1.0), (2_000, 1.0, 16, 30.0)),
     ),
     "quick": Sizes(
         commit_keys=(10_000, 100_000), commit_updates=10_000, rounds=20, json_rounds=5,
@@ -108,7 +108,7 @@ SIZES = {
         standby_keys=(100_000,), changes_commits=50, standby_seconds=8.0,
         pit_keys=100_000, pit_checkpoints=60, pit_window=(40.0, 15.0, 1.0),
         engine_events=60_000, engine_entities=20_000,
-        sustained=((100_000, 20.0, None), (100_000, 20.0, 32)),
+        sustained=((100_000, 20.0, None, 1.0), (100_000, 20.0, 32, 1.0)),
     ),
     "full": Sizes(
         commit_keys=(10_000, 100_000, 1_000_000), commit_updates=10_000, rounds=50,
@@ -124,7 +124,8 @@ SIZES = {
         pit_keys=1_000_000, pit_checkpoints=100, pit_window=(180.0, 60.0, 1.0),
         engine_events=300_000, engine_entities=100_000,
         sustained=(
-            (1_000_000, 120.0, None), (1_000_000, 120.0, 32), (10_000_000, 600.0, 24)
+            (1_000_000, 120.0, None, 1.0), (1_000_000, 120.0, 32, 1.0),
+            (1_000_000, 60.0, 32, 30.0), (10_000_000, 600.0, 24, 1.0),
         ),
     ),
 }

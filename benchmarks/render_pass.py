@@ -74,7 +74,10 @@ def pass_section(doc: Doc) -> list[str]:
 def sustained_section(doc: Doc) -> list[str]:
     """The sustained-load suite: bytes per checkpoint, throughput, the writer's RssAnon."""
     # One row per size and bound: a later results file's run replaces an earlier one's.
-    latest = {(r["keys"], r.get("max_overlay_bytes") or 0): r for r in suite(doc, "sustained")}
+    latest = {
+        (r["keys"], r.get("max_overlay_bytes") or 0, r.get("compactor_interval", 1.0)): r
+        for r in suite(doc, "sustained")
+    }
     runs = [latest[k] for k in sorted(latest)]
     if not runs:
         return []
@@ -84,6 +87,8 @@ def sustained_section(doc: Doc) -> list[str]:
         log, comp = r["writer_bytes"] / n, r["compactor_bytes"] / n
         bound = r.get("max_overlay_bytes")
         cap = "none" if bound is None else size(bound)
+        if r.get("compactor_interval", 1.0) != 1.0:
+            cap += f", passes {r['compactor_interval']:g} s apart"
         # The store's time: the run's, less making the workload's data (older runs: 0).
         wall = r["seconds"] - r.get("generate_seconds", 0.0)
         cpu = r["writer_cpu_seconds"] - r.get("generate_cpu_seconds", 0.0)
@@ -105,7 +110,8 @@ def sustained_section(doc: Doc) -> list[str]:
         "## Sustained checkpoints with the compactor running",
         "A clone of a compacted store of that many keys; checkpoints of 10,000 random "
         'updates (`durability="commit"`) back to back for the time shown, the compactor a '
-        "child process (8 MiB segments, an 8 MiB tail trigger, a pass every second). Bytes "
+        "child process (8 MiB segments, an 8 MiB tail trigger, a pass every second unless "
+        "the bound says otherwise, and one as soon as a segment is sealed). Bytes "
         "are `/proc/<pid>/io` `write_bytes`: the writer's are the log's, the compactor's "
         "are its snapshots, images and scratch. *Overlay bound* is the writer's "
         "`max_overlay_bytes` (none: unbounded); *stalled* is the share of the commits' "

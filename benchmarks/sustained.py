@@ -1,10 +1,12 @@
 """The sustained-load probe: a writer committing back to back for minutes, its compactor running.
 
     python -m benchmarks.sustained STORE --keys N --seconds S [--updates U] [--max-overlay-mib M]
+                                   [--interval I]
 
 Opens ``STORE`` (a template: a loaded, compacted store) with
 ``durability="commit"`` and the compactor as a child process (8 MiB segments,
-an 8 MiB tail trigger, a pass every second), then commits checkpoints of
+an 8 MiB tail trigger, a pass every ``--interval`` seconds, 1 by default, or
+as soon as a segment is sealed), then commits checkpoints of
 ``--updates`` random updates of the reconciler workload back to back for
 ``--seconds``, the writer's ``max_overlay_bytes`` set to ``M`` MiB if given.
 Every ``--sample`` seconds it records the writer's RssAnon, the epoch, and
@@ -58,12 +60,18 @@ def _stalled(store: Path) -> float:
 
 
 def sustain(
-    store: Path, keys: int, seconds: float, updates: int, sample: float, overlay: int | None
+    store: Path,
+    keys: int,
+    seconds: float,
+    updates: int,
+    sample: float,
+    overlay: int | None,
+    interval: float = 1.0,
 ) -> dict[str, Any]:
     """Run the load (module docstring); what it measured."""
     s = statelog.open(
         store, durability="commit", compactor="process", segment_bytes=8 << 20,
-        min_tail_bytes=8 << 20, compactor_interval=timedelta(seconds=1),
+        min_tail_bytes=8 << 20, compactor_interval=timedelta(seconds=interval),
         max_overlay_bytes=overlay, overlay_wait=timedelta(minutes=10),
     )  # fmt: skip
     gc.collect()
@@ -98,6 +106,7 @@ def sustain(
         "writer_bytes": last["writer_bytes"], "compactor_bytes": last["compactor_bytes"],
         "samples": samples, "snapshots": len(snaps), "newest_depth": newest.depth,
         "max_overlay_bytes": overlay, "stall_seconds": _stalled(store),
+        "compactor_interval": interval,
     }  # fmt: skip
 
 
@@ -111,9 +120,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument(
         "--max-overlay-mib", type=int, default=None, help="the writer's max_overlay_bytes, in MiB"
     )
+    ap.add_argument("--interval", type=float, default=1.0, help="the compactor's, in seconds")
     a = ap.parse_args(argv)
     overlay = None if a.max_overlay_mib is None else a.max_overlay_mib << 20
-    _emit(sustain(a.store, a.keys, a.seconds, min(a.updates, a.keys), a.sample, overlay))
+    updates = min(a.updates, a.keys)
+    _emit(sustain(a.store, a.keys, a.seconds, updates, a.sample, overlay, a.interval))
 
 
 if __name__ == "__main__":
