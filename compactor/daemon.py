@@ -113,6 +113,10 @@ _ShipNow = Callable[[Path], None]
 """Ships one store now (a pass's ships): through the ship process, or in this one."""
 
 
+def _ignore(signum: int, frame: object) -> None:
+    pass
+
+
 def _stopping() -> bool:
     return bool(signal.sigpending() & STOP_SIGNALS)
 
@@ -135,6 +139,9 @@ def main(argv: Sequence[str] | None = None, *, files: FileLayer | None = None) -
     """
     args, client = parse_args(argv)
     handler = _setup_logging("DEBUG" if args.verbose else args.log_level)
+    # A wake is only ever taken by sigtimedwait; the handler keeps one that arrives
+    # while the signal is not blocked (as this returns) from ending the process.
+    handler_before = signal.signal(WAKE_SIGNAL, _ignore)
     before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS | {WAKE_SIGNAL})
     locks: dict[Path, CompactorLock] = {}
     try:
@@ -156,6 +163,7 @@ def main(argv: Sequence[str] | None = None, *, files: FileLayer | None = None) -
             # consume, so unblocking does not kill us now
             signal.sigtimedwait(STOP_SIGNALS | {WAKE_SIGNAL}, 0)
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        signal.signal(WAKE_SIGNAL, handler_before)
         logging.getLogger("statelog").removeHandler(handler)
 
 

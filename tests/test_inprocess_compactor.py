@@ -115,7 +115,9 @@ def test_a_sealed_segment_wakes_the_compactor_before_its_interval(
     store_path: Path, mode: str
 ) -> None:
     """With a one-hour interval, only the wake on each seal can make a snapshot while
-    the writer runs: the first pass, at start, finds nothing sealed to fold."""
+    the writer runs: the child's first round, at its start, finds nothing sealed to
+    fold (the commits begin once it holds the lock and has had time to pass), and
+    the thread's first pass waits an interval."""
     opts = {
         "segment_bytes": 4096,
         "compactor": mode,
@@ -124,7 +126,12 @@ def test_a_sealed_segment_wakes_the_compactor_before_its_interval(
         "base_refresh": timedelta(milliseconds=50),
     }
     with statelog.open(store_path, **opts) as store:
-        time.sleep(0.5)  # the first pass has run, or the process is still starting
+        if mode == "process":
+            held = time.monotonic() + 30
+            lock = store_path / "COMPACTOR.LOCK"
+            while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < held:
+                time.sleep(0.05)
+            time.sleep(1.0)  # its first round, over nothing sealed, is over
         deadline = time.monotonic() + 30
         i = 0
         while not list_snapshots(store_path / "snapshots") and time.monotonic() < deadline:

@@ -1,10 +1,12 @@
-"""Entries named like a store's files that are not regular files are walked past.
+"""Entries named like a store's files that are not regular files are never opened.
 
-A directory opened as a snapshot fails, a FIFO opened as one blocks forever:
-each row plants one under a snapshot's or a segment's name and runs every entry
-point (open, verify, inspect, recover --dry-run, a compaction pass) in a
-subprocess with a deadline. Each must finish as it does without the entry,
-change nothing, and `verify` must name it.
+A directory opened as a snapshot fails, a FIFO opened as one blocks forever.
+Each row plants one and runs every entry point (open, verify, inspect,
+recover --dry-run, a compaction pass) in a subprocess with a deadline. Under a
+snapshot's name it is walked past: each finishes as it does without it, changes
+nothing, and `verify` names it. Under a segment's name, among the segments or in
+place of one, it is refused with a StorageError naming it: leaving it out would
+make the log look shorter and lose acknowledged epochs without a word.
 """
 
 from __future__ import annotations
@@ -28,8 +30,15 @@ PLANT: list[tuple[str, str, Callable[[Path], None]]] = [
      os.mkdir),
     ("a FIFO as the newest snapshot", "snapshots/00000000000000ff-00000000000000ff.snap",
      os.mkfifo),
-    ("a FIFO as a later segment", "wal/00000000000000ff-00000000000000ff.wal", os.mkfifo),
-    ("a directory as a later segment", "wal/00000000000000ff-00000000000000ff.wal", os.mkdir),
+]  # fmt: skip
+
+# (why, make, replace): ``replace`` puts it in place of the newest real segment.
+SEGMENTS: list[tuple[str, Callable[[Path], None], bool]] = [
+    ("a FIFO as a later segment", os.mkfifo, False),
+    ("a directory as a later segment", os.mkdir, False),
+    ("a FIFO in place of the newest segment", os.mkfifo, True),
+    ("a dangling symlink in place of the newest segment",
+     lambda p: p.symlink_to(p.with_name("gone")), True),
 ]  # fmt: skip
 
 
@@ -84,3 +93,43 @@ def test_every_entry_point_walks_past_it(
     assert done.returncode == 0, (why, done.stderr)
     assert done.stdout.strip() == repr(sorted(model.items())), why
     assert (root / name).exists() and not (root / name).is_file(), why
+
+
+@pytest.mark.parametrize(("why", "make", "replace"), SEGMENTS, ids=[w for w, _, _ in SEGMENTS])
+def test_one_named_like_a_segment_is_refused_by_every_entry_point(
+    tmp_path: Path, why: str, make: Callable[[Path], None], replace: bool
+) -> None:
+    root = tmp_path / "s"
+    _store(root)
+    if replace:
+        newest = sorted((root / "wal").glob("*.wal"))[-1]
+        newest.rename(tmp_path / newest.name)  # kept outside the store
+        target = newest
+    else:
+        target = root / "wal" / "00000000000000ff-00000000000000ff.wal"
+    make(target)
+    before = _listing(root)
+    for args in (["verify", root], ["inspect", root], ["recover", "--dry-run", root]):
+        done = subprocess.run(
+            [*CLI, *map(str, args)], capture_output=True, text=True, timeout=60, cwd=REPO
+        )
+        assert done.returncode != 0, (why, args[0], done.stdout)
+        assert "not a regular file" in done.stdout + done.stderr, (why, args[0], done.stderr)
+    script = (
+        "import sys, statelog\n"
+        "from statelog.compaction.fold import compact\n"
+        "for run in (lambda: statelog.open(sys.argv[1], readonly=True),\n"
+        "            lambda: statelog.open(sys.argv[1]),\n"
+        "            lambda: compact(sys.argv[1], min_tail_bytes=0)):\n"
+        "    try:\n"
+        "        run()\n"
+        "    except statelog.StorageError as exc:\n"
+        "        assert 'not a regular file' in str(exc), exc\n"
+        "    else:\n"
+        "        raise SystemExit('not refused')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(root)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, (why, done.stdout, done.stderr)
+    assert _listing(root) == before, why

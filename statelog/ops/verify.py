@@ -341,16 +341,15 @@ def _ladder(
 
 def _evidence(layout: StoreLayout) -> Iterator[Path]:
     """Files earlier recoveries and compactions left: kept on purpose, never damage; and
-    entries named like a snapshot or segment that are not regular files, which no
-    reader opens (:func:`~statelog.storage.listing.regular_files`): shown so that an
-    operator can remove them."""
-    for d, marks, named in (
-        (layout.wal, (".broken", ".corrupt", ".tmp"), ".wal"),
-        (layout.snapshots, (".tmp",), ".snap"),
-    ):
+    entries named like a snapshot that are not regular files, which no reader opens
+    (:func:`~statelog.storage.listing.regular_files`): shown so that an operator can
+    remove them. (One named like a segment fails the listing of the log instead.)"""
+    for d, marks in ((layout.wal, (".broken", ".corrupt", ".tmp")), (layout.snapshots, (".tmp",))):
         with contextlib.suppress(FileNotFoundError):
             for p in sorted(d.iterdir()):
-                if any(m in p.name for m in marks) or (p.name.endswith(named) and not p.is_file()):
+                if any(m in p.name for m in marks) or (
+                    d == layout.snapshots and p.name.endswith(".snap") and not p.is_file()
+                ):
                     yield p
     scratch = layout.root / "compactor.tmp"
     if scratch.exists():

@@ -17,7 +17,6 @@ suffixes; ``docs/format.md`` specifies every file.
 from __future__ import annotations
 
 import json
-import os
 import re
 import uuid
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from statelog.errors import (
 )
 from statelog.format.wal import HEADER_SIZE, SegmentHeader, parse_segment_name, segment_name
 from statelog.storage.fileio import FileLayer
+from statelog.storage.listing import regular_files
 
 __all__ = [
     "IDENTITY",
@@ -234,14 +234,13 @@ class StoreLayout:
         as soon as one names ``sid`` (usually the first looked at)."""
         ids: set[uuid.UUID] = set()
         try:
-            entries = list(os.scandir(self.wal))
+            # Never opens a FIFO or a directory so named: the log's listing refuses those.
+            entries = regular_files(self.wal, parse_segment_name)
         except OSError:
             return ids  # no log to disagree with; recovery reports a missing one
         for entry in entries:
-            if parse_segment_name(entry.name) is None:
-                continue
             try:
-                with open(entry.path, "rb") as fh:
+                with open(entry, "rb") as fh:
                     raw = fh.read(HEADER_SIZE)
             except OSError:
                 continue

@@ -75,7 +75,7 @@ def list_snapshots(snap_dir: Path) -> list[tuple[int, int, Path]]:
     :raises OSError: the directory exists but cannot be listed.
     """
     try:
-        entries = regular_files(snap_dir, ".snap")
+        entries = regular_files(snap_dir, parse_snapshot_name)
     except FileNotFoundError:
         return []
     found = [(*named, p) for p in entries if (named := parse_snapshot_name(p)) is not None]

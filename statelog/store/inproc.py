@@ -146,8 +146,9 @@ class _ProcessCompactor:
             )
 
     def wake(self) -> None:
-        # send_signal does nothing once the child was reaped, so the pid is never another's.
-        with contextlib.suppress(ProcessLookupError):
+        # A wake is an optimisation: a child that is gone, or any refusal, must never fail
+        # the commit whose seal sent it (the pass runs at the next interval instead).
+        with contextlib.suppress(OSError):
             self._proc.send_signal(signal.SIGUSR1)
 
     def stop(self) -> None:
