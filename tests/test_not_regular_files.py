@@ -133,3 +133,33 @@ def test_one_named_like_a_segment_is_refused_by_every_entry_point(
     )
     assert done.returncode == 0, (why, done.stdout, done.stderr)
     assert _listing(root) == before, why
+
+
+# (why, where, make): entries under names a store cleans up or reads besides its files.
+CLEANED: list[tuple[str, str, Callable[[Path], None]]] = [
+    ("a directory named like a writer's temp file", "wal/x.tmp", os.mkdir),
+    ("a directory named like a compactor's temp file", "snapshots/x.snap.tmp", os.mkdir),
+    ("a FIFO named like a pin", "pins/planted.pin", os.mkfifo),
+]
+
+
+@pytest.mark.parametrize(("why", "name", "make"), CLEANED, ids=[w for w, _, _ in CLEANED])
+def test_an_open_and_a_pass_go_on_past_one_named_like_a_temp_file_or_a_pin(
+    tmp_path: Path, why: str, name: str, make: Callable[[Path], None]
+) -> None:
+    root = tmp_path / "s"
+    model = _store(root)
+    (root / "pins").mkdir(exist_ok=True)
+    make(root / name)
+    script = (
+        "import sys, statelog\n"
+        "from statelog.compaction.fold import compact\n"
+        "with statelog.open(sys.argv[1]) as s: print(sorted(s.items()))\n"
+        "compact(sys.argv[1], min_tail_bytes=0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(root)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, (why, done.stderr)
+    assert done.stdout.strip() == repr(sorted(model.items())), why
+    assert (root / name).exists(), why  # not the store's to remove

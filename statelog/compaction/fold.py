@@ -269,7 +269,7 @@ def _clear_scratch(p: Pass) -> None:
     if p.scratch.exists():
         shutil.rmtree(p.scratch)
         p.say(logging.INFO, "scratch_removed", dir=p.scratch.name)
-    for stray in sorted(p.layout.snapshots.glob("*.tmp")):
+    for stray in sorted(t for t in p.layout.snapshots.glob("*.tmp") if t.is_file()):
         p.files.remove(stray)
         p.say(logging.INFO, "temp_removed", file=f"snapshots/{stray.name}")
     p.files.makedirs(p.scratch)

@@ -290,10 +290,10 @@ class StoreLayout:
         """Delete ``*.tmp`` left by a writer that died mid-create (in wal/, and IDENTITY's)."""
         gone: list[Path] = []
         # snapshots/*.tmp belong to the compactor, which cleans up after itself.
-        if self.wal.is_dir():
-            gone.extend(self.wal.glob("*.tmp"))
+        if self.wal.is_dir():  # only files: anything else so named was not a writer's
+            gone.extend(p for p in self.wal.glob("*.tmp") if p.is_file())
         stray = self.root / (IDENTITY + ".tmp")
-        if stray.exists():
+        if stray.is_file():
             gone.append(stray)
         for p in gone:
             files.remove(p)

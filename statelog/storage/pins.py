@@ -44,6 +44,7 @@ import json
 import logging
 import os
 import secrets
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -213,10 +214,15 @@ def pinned_names(store: Path, *, notes: list[Note] | None = None) -> set[str]:
         if not (p.name.endswith(PIN_SUFFIX) or p.name.endswith(PIN_SUFFIX + ".tmp")):
             continue
         try:
-            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+            # Without blocking: a FIFO planted under a pin's name would wait for a writer.
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
             continue  # released meanwhile
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                say(logging.ERROR, "event=unreadable_pin pin=%s reason=%r", p.name,
+                    "not a regular file")  # fmt: skip
+                continue
             tmp = not p.name.endswith(PIN_SUFFIX)
             if _lock_is_free(fd):
                 # A fresh .pin.tmp may be unlocked for the instant between its
