@@ -42,8 +42,8 @@ SEGMENTS: list[tuple[str, Callable[[Path], None], bool]] = [
 ]  # fmt: skip
 
 
-def _store(root: Path) -> dict[str, str]:
-    model = {}
+def _store(root: Path) -> dict[str, object]:
+    model: dict[str, object] = {}
     with statelog.open(root, segment_bytes=4096) as s:
         for i in range(40):
             s.commit({f"k{i}": "x" * 200})
@@ -64,6 +64,21 @@ def _listing(root: Path) -> list[tuple[str, int]]:
     )  # fmt: skip
 
 
+def _open_then_pass(root: Path, model: dict[str, object], why: str, *, readonly: bool) -> None:
+    """In a fresh interpreter with a deadline: an open finds ``model``, then a pass runs."""
+    script = (
+        "import sys, statelog\n"
+        "from statelog.compaction.fold import compact\n"
+        f"with statelog.open(sys.argv[1], readonly={readonly}) as s: print(sorted(s.items()))\n"
+        "compact(sys.argv[1], min_tail_bytes=0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(root)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, (why, done.stderr)
+    assert done.stdout.strip() == repr(sorted(model.items())), why
+
+
 @pytest.mark.parametrize(("why", "name", "plant"), PLANT, ids=[w for w, _, _ in PLANT])
 def test_every_entry_point_walks_past_it(
     tmp_path: Path, why: str, name: str, plant: Callable[[Path], None]
@@ -81,17 +96,7 @@ def test_every_entry_point_walks_past_it(
             assert f"evidence   {name}" in done.stdout, why
             assert "verdict    clean" in done.stdout, why
     assert _listing(root) == before, why
-    script = (
-        "import sys, statelog\n"
-        "from statelog.compaction.fold import compact\n"
-        "with statelog.open(sys.argv[1], readonly=True) as s: print(sorted(s.items()))\n"
-        "compact(sys.argv[1], min_tail_bytes=0)\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(root)], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, (why, done.stderr)
-    assert done.stdout.strip() == repr(sorted(model.items())), why
+    _open_then_pass(root, model, why, readonly=True)
     assert (root / name).exists() and not (root / name).is_file(), why
 
 
@@ -151,15 +156,5 @@ def test_an_open_and_a_pass_go_on_past_one_named_like_a_temp_file_or_a_pin(
     model = _store(root)
     (root / "pins").mkdir(exist_ok=True)
     make(root / name)
-    script = (
-        "import sys, statelog\n"
-        "from statelog.compaction.fold import compact\n"
-        "with statelog.open(sys.argv[1]) as s: print(sorted(s.items()))\n"
-        "compact(sys.argv[1], min_tail_bytes=0)\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(root)], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, (why, done.stderr)
-    assert done.stdout.strip() == repr(sorted(model.items())), why
+    _open_then_pass(root, model, why, readonly=False)
     assert (root / name).exists(), why  # not the store's to remove
