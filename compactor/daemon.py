@@ -4,10 +4,10 @@ Life of the daemon, in order:
 
 1. Parse options (:mod:`compactor.options`; bad ones exit 3); send
    structured log lines to stderr.
-2. Block SIGTERM and SIGINT, and SIGUSR1 (the wake), in the main thread. They stay
-   pending until the daemon looks: between stores, between segments of a fold,
-   and while it sleeps (``sigtimedwait``, which wakes at once). No handler runs at an
-   arbitrary moment, so a stop never lands in the middle of a durable step.
+2. Block SIGTERM, SIGINT and SIGUSR1 (the wake) in the main thread. They stay pending
+   until the daemon looks: between stores, between segments of a fold, and while it
+   sleeps (``sigtimedwait``, which wakes at once). No handler runs at an arbitrary
+   moment, so a stop never lands in the middle of a durable step.
 3. The stores: each sharded root named (a directory holding ``SHARDS``) is
    replaced by its shard directories (:func:`statelog.sharding.partition.expand_stores`,
    which reads only manifests), then duplicates (by absolute path) are
@@ -28,8 +28,8 @@ Life of the daemon, in order:
    the passes run N steps nicer. Then sleep ``--interval``
    seconds, unless some pass of the round wrote a snapshot: the writer may
    have sealed more log meanwhile, so the next round starts at once, and a
-   busy store is folded back to back instead of an interval apart. SIGUSR1,
-   which a writer sends the daemon it started on each seal, ends the sleep. A pass
+   busy store is folded back to back instead of an interval apart (SIGUSR1, which
+   a writer sends the daemon it started on each seal, ends the sleep). A pass
    that fails is logged at ERROR and retried next round. A store fenced by
    a takeover (:class:`~statelog.errors.FencedError`) stops
    the daemon: exit 4 (busy).
@@ -113,10 +113,6 @@ _ShipNow = Callable[[Path], None]
 """Ships one store now (a pass's ships): through the ship process, or in this one."""
 
 
-def _ignore(signum: int, frame: object) -> None:
-    pass
-
-
 def _stopping() -> bool:
     return bool(signal.sigpending() & STOP_SIGNALS)
 
@@ -139,9 +135,8 @@ def main(argv: Sequence[str] | None = None, *, files: FileLayer | None = None) -
     """
     args, client = parse_args(argv)
     handler = _setup_logging("DEBUG" if args.verbose else args.log_level)
-    # A wake is only ever taken by sigtimedwait; the handler keeps one that arrives
-    # while the signal is not blocked (as this returns) from ending the process.
-    handler_before = signal.signal(WAKE_SIGNAL, _ignore)
+    # Wakes are taken by sigtimedwait; the handler only keeps a late one from ending us.
+    handler_before = signal.signal(WAKE_SIGNAL, lambda signum, frame: None)
     before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS | {WAKE_SIGNAL})
     locks: dict[Path, CompactorLock] = {}
     try:
@@ -159,9 +154,8 @@ def main(argv: Sequence[str] | None = None, *, files: FileLayer | None = None) -
     finally:
         for lock in locks.values():
             lock.release()
-        while signal.sigpending() & (STOP_SIGNALS | {WAKE_SIGNAL}):
-            # consume, so unblocking does not kill us now
-            signal.sigtimedwait(STOP_SIGNALS | {WAKE_SIGNAL}, 0)
+        while _stopping():  # consume, so unblocking does not kill us now
+            signal.sigtimedwait(STOP_SIGNALS, 0)
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
         signal.signal(WAKE_SIGNAL, handler_before)
         logging.getLogger("statelog").removeHandler(handler)
