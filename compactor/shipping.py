@@ -326,7 +326,8 @@ def _ship_reply(
 def wait_for_round(seconds: float, shipper: ShipLoop | None) -> bool:
     """Wait ``seconds`` for the next round, waking early if the ship loop was fenced
     or :data:`WAKE_SIGNAL` arrives (one that arrived during the round ends the wait
-    at once, so a wake is never lost).
+    at once, so a wake is never lost). A stop that arrives with a wake stays pending
+    for the round's own look (``_stopping``).
 
     :returns: whether a stop signal arrived.
     """
@@ -335,20 +336,12 @@ def wait_for_round(seconds: float, shipper: ShipLoop | None) -> bool:
         left = deadline - time.monotonic()
         got = signal.sigtimedwait(_WAITED, max(0.0, min(left, 0.5)))
         if got is not None:
-            return got.si_signo != WAKE_SIGNAL or _consume_stop()
+            return got.si_signo != WAKE_SIGNAL
         if left <= 0.5 or (shipper is not None and shipper.fenced is not None):
             return False
 
 
 _WAITED = STOP_SIGNALS | {WAKE_SIGNAL}
-
-
-def _consume_stop() -> bool:
-    """Whether a stop signal is pending too (it wins over a wake); consumes the wakes."""
-    pending = signal.sigpending()
-    while WAKE_SIGNAL in pending and signal.sigtimedwait({WAKE_SIGNAL}, 0) is not None:
-        pending = signal.sigpending()
-    return bool(pending & STOP_SIGNALS)
 
 
 def ship_store(

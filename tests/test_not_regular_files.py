@@ -64,6 +64,17 @@ def _listing(root: Path) -> list[tuple[str, int]]:
     )  # fmt: skip
 
 
+READERS = (("verify",), ("inspect",), ("recover", "--dry-run"))
+"""The commands that read a store, each run on it as its last argument."""
+
+
+def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """``statelog ARGS`` in a fresh interpreter with a deadline (a FIFO must not hang it)."""
+    return subprocess.run(
+        [*CLI, *map(str, args)], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+
+
 def _open_then_pass(root: Path, model: dict[str, object], why: str, *, readonly: bool) -> None:
     """In a fresh interpreter with a deadline: an open finds ``model``, then a pass runs."""
     script = (
@@ -87,10 +98,8 @@ def test_every_entry_point_walks_past_it(
     model = _store(root)
     plant(root / name)
     before = _listing(root)
-    for args in (["verify", root], ["inspect", root], ["recover", "--dry-run", root]):
-        done = subprocess.run(
-            [*CLI, *map(str, args)], capture_output=True, text=True, timeout=60, cwd=REPO
-        )
+    for args in READERS:
+        done = _cli(*args, root)
         assert done.returncode == 0, (why, args[0], done.stdout, done.stderr)
         if args[0] == "verify":
             assert f"evidence   {name}" in done.stdout, why
@@ -114,10 +123,8 @@ def test_one_named_like_a_segment_is_refused_by_every_entry_point(
         target = root / "wal" / "00000000000000ff-00000000000000ff.wal"
     make(target)
     before = _listing(root)
-    for args in (["verify", root], ["inspect", root], ["recover", "--dry-run", root]):
-        done = subprocess.run(
-            [*CLI, *map(str, args)], capture_output=True, text=True, timeout=60, cwd=REPO
-        )
+    for args in READERS:
+        done = _cli(*args, root)
         assert done.returncode != 0, (why, args[0], done.stdout)
         assert "not a regular file" in done.stdout + done.stderr, (why, args[0], done.stderr)
     script = (

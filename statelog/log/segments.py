@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from statelog.errors import StorageError
 from statelog.format.wal import parse_segment_name
 from statelog.storage.listing import regular_files
 
@@ -26,8 +27,18 @@ def list_segments(wal_dir: Path) -> list[tuple[int, int, Path]]:
     :raises OSError: it cannot be listed.
     """
     found = []
-    for p in regular_files(wal_dir, parse_segment_name, refuse=True):
+    for p in regular_files(wal_dir, parse_segment_name, _refuse):
         parsed = parse_segment_name(p)
         if parsed is not None:
             found.append((parsed[0], parsed[1], p))
     return sorted(found)
+
+
+def _refuse(path: Path) -> None:
+    """A segment that is not a file is a segment missing from the log: no reader may
+    take the log for a shorter one (acknowledged epochs lost without a word)."""
+    raise StorageError(
+        f"{path} is named like a log segment but is not a regular file",
+        hint="move it out of the store's wal/ directory, or put the segment back; "
+        "nothing was changed",
+    )

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from statelog.errors import CorruptionError, FormatVersionError, ResnapshotRequired, StorageError
 from statelog.format.records import RecordSchemaError, decode_record
+from statelog.format.snapshot import parse_snapshot_name
 from statelog.log.reader import SegmentScan, StopKind, scan_segment
 from statelog.log.segments import list_segments
 from statelog.ops.verify_base import check_base_images
@@ -348,7 +349,7 @@ def _evidence(layout: StoreLayout) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             for p in sorted(d.iterdir()):
                 if any(m in p.name for m in marks) or (
-                    d == layout.snapshots and p.name.endswith(".snap") and not p.is_file()
+                    d == layout.snapshots and parse_snapshot_name(p) and not p.is_file()
                 ):
                     yield p
     scratch = layout.root / "compactor.tmp"

@@ -95,7 +95,7 @@ class VerifyReport:
     findings: tuple[Finding, ...]
     recovery: RecoveryReport | None  # what a read-only open reached (None: it cannot)
     unrecoverable: str | None  # why a re-snapshot is required, if it is
-    # *.broken, *.corrupt, *.tmp kept from earlier events; *.snap, *.wal not regular files
+    # *.broken, *.corrupt, *.tmp kept from earlier events; *.snap not regular files
     evidence: tuple[Path, ...] = ()
     bytes_read: int = 0
     seconds: float = 0.0

@@ -234,8 +234,9 @@ class StoreLayout:
         as soon as one names ``sid`` (usually the first looked at)."""
         ids: set[uuid.UUID] = set()
         try:
-            # Never opens a FIFO or a directory so named: the log's listing refuses those.
-            entries = regular_files(self.wal, parse_segment_name)
+            # Never opens a FIFO or a directory so named, and says nothing of one here:
+            # the log's own listing refuses it.
+            entries = regular_files(self.wal, parse_segment_name, lambda path: None)
         except OSError:
             return ids  # no log to disagree with; recovery reports a missing one
         for entry in entries:
