@@ -37,7 +37,7 @@ from statelog.cli.exits import exit_code_for
 from statelog.compaction.logfmt import LOGGER, KeyValueFormatter, kv
 from statelog.errors import FencedError, StatelogError
 from statelog.remote import RemoteClient, ship
-from statelog.storage.fileio import FileLayer
+from statelog.storage.fileio import FileLayer, ReadBuffer
 from statelog.storage.layout import REMOTE_RECORD, StoreLayout
 
 __all__ = [
@@ -350,8 +350,13 @@ def ship_store(
     """Ship ``store`` to ``--remote`` (the library logs ``event=shipped``)."""
     ship(
         store, args.remote, retain=args.remote_retain, retain_for=args.remote_retain_for,
-        client=client, files=files,
+        client=client, files=files, buffer=_READS,
     )  # fmt: skip
+
+
+_READS = ReadBuffer()
+"""One buffer for every segment this process reads to ship (ships follow one another):
+it stays the size of the largest segment shipped, in the shipping process only."""
 
 
 def fenced_exit(store: Path, exc: FencedError) -> int:

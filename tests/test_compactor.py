@@ -31,7 +31,7 @@ from statelog.errors import CompactorLockedError, InvalidOptionError, StoreNotFo
 from statelog.format.wal import mask
 from statelog.log.segments import list_segments
 from statelog.recovery.ladder import check_link
-from statelog.storage.fileio import FileLayer
+from statelog.storage.fileio import FileLayer, ReadBuffer
 from statelog.storage.pins import pin
 from statelog.storage.snapshots import list_snapshots, verify_snapshot
 from tests.compactor_stream import assert_snapshot_is_model, commit, snapshot_model
@@ -133,6 +133,10 @@ class RecordingFiles(FileLayer):
     def read(self, path: Path) -> bytes:
         self.reads.append(path)
         return super().read(path)
+
+    def read_reusing(self, path: Path, reads: ReadBuffer) -> memoryview:
+        self.reads.append(path)
+        return super().read_reusing(path, reads)
 
 
 def test_active_segment_is_never_read(

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 import statelog
 from statelog.format import exact, values
 from statelog.format.values import encode_value, encode_values
+from statelog.storage.image import encode_key, encode_keys
 
 
 class _Side(enum.IntEnum):
@@ -215,6 +216,41 @@ def test_keys_are_plain_only_when_exact_str_or_bytes_within_the_length(
     assert check(keys, max_len) is plain
 
 
+TAGGED: list[Any] = [
+    pytest.param([], [], id="empty"),
+    pytest.param(["", b""], [b"\x01", b"\x00"], id="empty-keys"),
+    pytest.param(["abc", b"abc"], [b"\x01abc", b"\x00abc"], id="ascii-and-bytes"),
+    pytest.param(["\xe9", "\U0001f600"], [b"\x01\xc3\xa9", b"\x01\xf0\x9f\x98\x80"], id="utf-8"),
+    pytest.param([b"\x00\xff" * 300], [b"\x00" + b"\x00\xff" * 300], id="long-bytes"),
+    pytest.param(["a", "\udc80"], None, id="lone-surrogate"),
+    pytest.param(["a", _Str("b")], None, id="str-subclass"),
+    pytest.param([b"a", _Bytes(b"b")], None, id="bytes-subclass"),
+    pytest.param([_Tag.A], None, id="str-enum"),
+    pytest.param([bytearray(b"a")], None, id="bytearray"),
+    pytest.param(["a", 1], None, id="int"),
+]
+
+
+@pytest.mark.parametrize("encode", [exact.tagged_keys_py, exact.tagged_keys])
+@pytest.mark.parametrize("keys,tagged", TAGGED)
+def test_keys_are_tagged_as_an_image_stores_them(
+    encode: Any, keys: list[Any], tagged: list[bytes] | None
+) -> None:
+    assert encode(keys) == tagged
+    if tagged is not None:
+        assert tagged == [encode_key(k) for k in keys]
+
+
+@pytest.mark.parametrize(
+    "keys,error",
+    [(["a", "\udc80"], UnicodeEncodeError), (["a", 1], TypeError), ([None], TypeError)],
+    ids=["lone-surrogate", "int", "none"],
+)
+def test_a_key_no_image_stores_is_named_by_the_per_key_path(keys: list[Any], error: type) -> None:
+    with pytest.raises(error):
+        encode_keys(keys)
+
+
 @pytest.mark.skipif(not exact.ACCELERATED, reason="the C checks were not built")
 @pytest.mark.parametrize("not_a_list", [(1, 2), _List(["a"])], ids=["tuple", "list-subclass"])
 def test_the_built_checks_take_only_a_list(not_a_list: Any) -> None:
@@ -223,6 +259,8 @@ def test_the_built_checks_take_only_a_list(not_a_list: Any) -> None:
         exact.encode_plain(not_a_list)
     with pytest.raises(TypeError):
         exact.plain_keys(not_a_list, 4)
+    with pytest.raises(TypeError):
+        exact.tagged_keys(not_a_list)
 
 
 _odd = st.sampled_from(
@@ -271,6 +309,13 @@ def test_the_built_encoder_answers_as_the_python_one(batch: list[Any]) -> None:
 @given(st.lists(st.one_of(st.text(max_size=6), st.binary(max_size=6), _key), max_size=8))
 def test_the_built_key_check_answers_as_the_python_one(keys: list[Any]) -> None:
     assert exact.plain_keys(keys, 4) is exact.plain_keys_py(keys, 4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=6), st.text(_near_surrogates, max_size=3),
+                          st.binary(max_size=6), _key), max_size=8))  # fmt: skip
+def test_the_built_key_encoder_answers_as_the_python_one(keys: list[Any]) -> None:
+    assert exact.tagged_keys(keys) == exact.tagged_keys_py(keys)
 
 
 @pytest.mark.parametrize("batch,plain", BATCHES)
@@ -362,16 +407,27 @@ def test_an_object_that_lies_about_its_type_is_refused_and_nothing_written(
         assert ro.epoch == 1 and ro.get("before") == 1
 
 
-def test_a_finalizer_that_empties_the_batch_during_the_call_crashes_nothing() -> None:
+@pytest.mark.skipif(not exact.ACCELERATED, reason="the C checks were not built")
+@pytest.mark.parametrize(
+    "call,expected",
+    [
+        ("encode_plain", "[msgspec.msgpack.encode(v) for v in batch]"),
+        ("tagged_keys", "[b'\\x01' + v.encode() for v in batch]"),
+    ],
+)
+def test_a_finalizer_that_empties_the_batch_during_the_call_crashes_nothing(
+    call: str, expected: str
+) -> None:
     """Allocating the result may run a collection, whose finalizers may change the
     batch; an encoder that went on with the size it read before would read freed
     memory. The answer is then None (the per-value path reads the batch anew) or, where
-    no collection ran, the bytes of the batch as it was."""
-    script = """
-import gc, msgspec
+    no collection ran, the answer for the batch as it was."""
+    script = f"""
+import gc, sys, msgspec
 from statelog.format import _exact
-batch = [str(i) * 50 for i in range(10)]
-before = [msgspec.msgpack.encode(v) for v in batch]
+batch = [str(i) * 50 for i in range(2000)]
+before = {expected}"""
+    script += """
 class Clears:
     def __del__(self):
         batch.clear()
@@ -380,9 +436,10 @@ c = Clears(); c.me = c; del c
 keep = [[] for _ in range(200)]  # no free list left: the result list comes from the collector
 gc.set_threshold(1)
 gc.enable()
-out = _exact.encode_plain(batch)
+out = getattr(_exact, sys.argv[1])(batch)
 assert out is None or out == before, out
 print("cleared" if not batch else "kept")
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", script, call], capture_output=True, text=True)
     assert done.returncode == 0, (done.returncode, done.stderr)
+    assert done.stdout.strip() == "cleared"  # the collection ran during the call

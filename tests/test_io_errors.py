@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 import statelog
+from compactor import compact
 from statelog.kit import Fail, FaultyFiles, Kind
 from tests.helpers import (
     Commit,
@@ -318,6 +319,27 @@ def test_eio_reading_the_log_on_open_changes_nothing(
     with statelog.open(path) as store:  # the device works again: the real recovery
         assert snapshot_of(store) == model_at(models, store.epoch)
         assert store.epoch == (40 if kind == "clean" else 39)
+
+
+def test_eio_reading_a_segment_in_a_pass_changes_nothing(tmp_path: Path) -> None:
+    """EIO on each segment a compaction pass folds: the pass raises it, as an I/O error
+    and never as damage; no file changes; the pass on a working device then folds all."""
+    path = tmp_path / "store"
+    models = build_store(path, simple_commits(40, value_size=60), segment_bytes=4096)
+    n = len(segments(path))
+    assert n >= 3
+    (path / "COMPACTOR.LOCK").touch()  # made by the first pass, and left: not a change
+    before = _tree(path)
+    for nth in range(n - 1):  # the active segment is never read
+        files = FaultyFiles(path)
+        files.fail("read", errno=errno.EIO, after=nth, match=".wal")
+        with pytest.raises((OSError, statelog.StorageError)) as err:
+            compact(path, files=files)
+        assert getattr(err.value, "errno", None) == errno.EIO, err.value
+        assert _tree(path) == before, f"EIO on read {nth + 1} changed files"
+    assert compact(path).skipped is None
+    with statelog.open(path) as store:
+        assert snapshot_of(store) == model_at(models, store.epoch) and store.epoch == 40
 
 
 def test_eio_reading_the_identity_on_open_raises_storage_error(store_path: Path) -> None:

@@ -20,7 +20,7 @@ from statelog.compaction.logfmt import LOGGER, kv
 from statelog.compaction.replay import Folding, FoldTarget, fold_segment
 from statelog.compaction.tail import SegmentInfo, find_link, list_segment_infos
 from statelog.events import emit
-from statelog.storage.fileio import FileLayer
+from statelog.storage.fileio import FileLayer, ReadBuffer
 from statelog.storage.layout import StoreLayout
 
 __all__ = ["CompactionResult", "Pass", "Start", "fold_tail", "human_bytes", "report_mismatch"]
@@ -145,12 +145,15 @@ def fold_tail(
     last_in_log = [s.path for s in list_segment_infos(p.layout.wal)[-1:]]
     total = sum(s.size for s in tail[first:])
     done = 0
+    reads = ReadBuffer()  # one for the pass: a fresh buffer per segment costs a copy's time
     for seg in tail[first:]:
         p.progress(seg.name, done, total)
         done += seg.size
         if p.stop():
             return CompactionResult(p.root, base=base, skipped="interrupted")
-        why = fold_segment(p.files, p.store_id, start.target, seg, fold, seg.path in last_in_log)
+        why = fold_segment(
+            p.files, p.store_id, start.target, seg, fold, seg.path in last_in_log, reads
+        )
         if why is not None:
             if why:  # else: the end of the sealed log, not damage
                 p.say(

@@ -28,7 +28,7 @@ from typing import Protocol
 from statelog.compaction.tail import SegmentInfo, covered_generation
 from statelog.format.records import RecordSchemaError, decode_record
 from statelog.log.reader import SegmentScan, StopKind, scan_segment
-from statelog.storage.fileio import FileLayer
+from statelog.storage.fileio import FileLayer, ReadBuffer
 from statelog.storage.image import Delta
 
 __all__ = ["FoldTarget", "Folding", "check_scan", "fold_segment"]
@@ -74,12 +74,15 @@ def fold_segment(
     seg: SegmentInfo,
     fold: Folding,
     last_in_log: bool,
+    reads: ReadBuffer | None = None,
 ) -> str | None:
     """Verify, decode and apply one sealed segment to ``builder``; advance ``fold``.
 
     The whole segment is applied in one LMDB transaction, or nothing of it:
     every check runs before the first write.
 
+    :param reads: where the segment is read (a pass keeps one for all its segments);
+        nothing applied points into it.
     :returns: None when folded; ``""`` when the segment turned out to be the
         unsealed end of the log (not damage); else why it is damaged.
     :raises OSError: reading failed (an I/O error is never taken for damage).
@@ -87,7 +90,7 @@ def fold_segment(
     """
     if fold.generation is None:
         fold.generation = covered_generation(seg.path.parent, fold.epoch)
-    data = files.read(seg.path)
+    data = files.read_reusing(seg.path, reads or ReadBuffer())
     fold.bytes_read += len(data)
     scan = scan_segment(seg.path, data, store_id=store_id, prev_crc=fold.chain, is_last=False)
     if scan.sealed_lsn is None and last_in_log:

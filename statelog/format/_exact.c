@@ -1,18 +1,21 @@
-/* The commit path's exact-type key check and plain-batch encoder, in C.
+/* The commit path's exact-type key check and plain-batch encoder, and the
+ * compactor's key encoder, in C.
  *
  * A commit must refuse every value whose type would not come back as itself
  * (statelog/format/values.py) and encode every value it keeps. The common
  * batch holds only plain values, or dicts of plain keys and plain values, and
  * checking and encoding it object by object through Python iterators and one
  * msgspec call per value is the largest cost of a commit after the fsync.
- * These functions give the answers of plain_keys_py and encode_plain_py in
- * exact.py, which remain the reference and the fallback when this module was
- * not built; a test holds the two to the same answers.
+ * The compactor encodes every key of every record it folds into the bytes an
+ * image stores, two allocations per key through Python's maps.
+ * These functions give the answers of plain_keys_py, encode_plain_py and
+ * tagged_keys_py in exact.py, which remain the reference and the fallback when
+ * this module was not built; a test holds the two to the same answers.
  *
  * Types are compared by address, so no metaclass __eq__ or __hash__ runs,
- * and the GIL is held throughout. Neither function raises for the contents it
- * reads: a False or None answer sends the batch to the per-object path, which
- * decides and names the error.
+ * and the GIL is held throughout. No function raises for the contents it
+ * reads (only MemoryError): a False or None answer sends the batch to the
+ * per-object path, which decides and names the error.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -390,9 +393,106 @@ encode_plain(PyObject *module, PyObject *values)
     return out;
 }
 
+PyDoc_STRVAR(tagged_keys_doc,
+"tagged_keys(keys: list) -> list[bytes] | None\n\n"
+"Each key as an image stores it: b'\\x01' + its UTF-8 for a str, b'\\x00' + itself\n"
+"for bytes. None when some item is not an exact str or bytes, or a str does\n"
+"not encode (a lone surrogate): the caller's per-key path names the error.");
+
+static PyObject *
+tagged_key(PyObject *k)
+{
+    /* A new reference, or NULL with an error set (MemoryError), or NULL with no
+     * error set when this key is not for this path. */
+    PyTypeObject *t = Py_TYPE(k);
+    PyObject *utf8 = NULL, *item;
+    const char *src;
+    Py_ssize_t len;
+    char tag;
+
+    if (t == &PyUnicode_Type) {
+#if PY_VERSION_HEX < 0x030C0000
+        if (!PyUnicode_IS_READY(k)) {
+            return NULL;
+        }
+#endif
+        tag = 1;
+        if (PyUnicode_IS_ASCII(k)) {
+            src = (const char *)PyUnicode_DATA(k);
+            len = PyUnicode_GET_LENGTH(k);
+        }
+        else {
+            /* Not the str's own cached UTF-8 (PyUnicode_AsUTF8AndSize): that copy would
+             * live as long as the key does. */
+            utf8 = PyUnicode_AsUTF8String(k);
+            if (utf8 == NULL) {
+                if (!PyErr_ExceptionMatches(PyExc_MemoryError)) {
+                    PyErr_Clear(); /* a lone surrogate: the per-key path raises it, named */
+                }
+                return NULL;
+            }
+            src = PyBytes_AS_STRING(utf8);
+            len = PyBytes_GET_SIZE(utf8);
+        }
+    }
+    else if (t == &PyBytes_Type) {
+        tag = 0;
+        src = PyBytes_AS_STRING(k);
+        len = PyBytes_GET_SIZE(k);
+    }
+    else {
+        return NULL;
+    }
+    item = PyBytes_FromStringAndSize(NULL, len + 1);
+    if (item != NULL) {
+        char *dst = PyBytes_AS_STRING(item);
+        dst[0] = tag;
+        memcpy(dst + 1, src, (size_t)len);
+    }
+    Py_XDECREF(utf8);
+    return item;
+}
+
+static PyObject *
+tagged_keys(PyObject *module, PyObject *keys)
+{
+    Py_ssize_t i, n;
+    PyObject *out;
+
+    if (!PyList_CheckExact(keys)) {
+        PyErr_SetString(PyExc_TypeError, "tagged_keys() takes a list");
+        return NULL;
+    }
+    n = PyList_GET_SIZE(keys);
+    out = PyList_New(n);
+    if (out == NULL) {
+        return NULL;
+    }
+    /* Allocating the result may run a collection, whose finalizers may change the
+     * list: the per-key path then reads it anew. Nothing in the loop allocates a
+     * tracked object, so no collection runs there. */
+    if (PyList_GET_SIZE(keys) != n) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *item = tagged_key(PyList_GET_ITEM(keys, i));
+        if (item == NULL) {
+            Py_DECREF(out);
+            if (PyErr_Occurred()) {
+                return NULL;
+            }
+            Py_RETURN_NONE;
+        }
+        PyList_SET_ITEM(out, i, item);
+    }
+    return out;
+}
+
 static PyMethodDef exact_methods[] = {
     {"plain_keys", (PyCFunction)plain_keys, METH_VARARGS, plain_keys_doc},
     {"encode_plain", (PyCFunction)encode_plain, METH_O, encode_plain_doc},
+    {"tagged_keys", (PyCFunction)tagged_keys, METH_O, tagged_keys_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -407,7 +507,8 @@ static PyModuleDef_Slot exact_slots[] = {
 static struct PyModuleDef exact_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "statelog.format._exact",
-    .m_doc = "The commit path's key check and plain encoder, in C (see statelog.format.exact).",
+    .m_doc = "The commit path's key check and plain encoder, and the compactor's key\n"
+              "encoder, in C (see statelog.format.exact).",
     .m_size = 0,
     .m_methods = exact_methods,
     .m_slots = exact_slots,

@@ -5,7 +5,8 @@ a type that comes back as itself (:mod:`statelog.format.values`). These
 functions answer for a whole batch at once. :func:`encode_plain` encodes a
 batch whose every value is of an exact plain type, or an exact dict of plain
 keys and values, the same bytes msgspec writes for each value; :func:`plain_keys`
-says whether every key is an exact ``str`` or ``bytes`` within a length. A
+says whether every key is an exact ``str`` or ``bytes`` within a length, and
+:func:`tagged_keys` encodes a batch of such keys as an image stores them. A
 ``None`` or ``False`` answer sends the batch to the per-object path, which
 decides and names any error. They run no code of the objects they read and
 never raise for them.
@@ -15,7 +16,7 @@ C compiler, the same function in C (``statelog/format/_exact.c``): checking
 each object's type through Python iterators, and encoding through one msgspec
 call per value, are otherwise the largest costs of a commit after the fsync.
 A test holds the two to the same answers; :data:`ACCELERATED` says which ones
-:func:`encode_plain` and :func:`plain_keys` are.
+:func:`encode_plain`, :func:`plain_keys` and :func:`tagged_keys` are.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ __all__ = [
     "encode_plain_py",
     "plain_keys",
     "plain_keys_py",
+    "tagged_keys",
+    "tagged_keys_py",
 ]
 
 PLAIN_TYPES = (int, str, float, bytes, bool, type(None))
@@ -71,6 +74,18 @@ def encode_plain_py(values: list[Any]) -> list[bytes] | None:
         return None
 
 
+def tagged_keys_py(keys: list[Any]) -> list[bytes] | None:
+    """Each key as an image stores it (``b"\\x01"`` + UTF-8 for a str, ``b"\\x00"`` +
+    itself for bytes), or None when some key is not an exact str or bytes or a str
+    does not encode (:func:`statelog.storage.image.encode_keys` then names the error)."""
+    if not _KEY_TYPE_IDS.issuperset(_type_ids(keys)):
+        return None
+    try:
+        return [b"\x01" + k.encode() if type(k) is str else b"\x00" + k for k in keys]
+    except UnicodeEncodeError:
+        return None
+
+
 def plain_keys_py(keys: list[Any], max_len: int) -> bool:
     """Every key an exact str or bytes of at most ``max_len`` characters or bytes."""
     return _KEY_TYPE_IDS.issuperset(_type_ids(keys)) and (
@@ -89,3 +104,6 @@ encode_plain: Callable[[list[Any]], list[bytes] | None] = (
     encode_plain_py if _c is None else _c.encode_plain
 )
 plain_keys: Callable[[list[Any], int], bool] = plain_keys_py if _c is None else _c.plain_keys
+tagged_keys: Callable[[list[Any]], list[bytes] | None] = (
+    tagged_keys_py if _c is None else _c.tagged_keys
+)

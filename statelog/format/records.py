@@ -32,6 +32,7 @@ from typing import Annotated, Any
 import msgspec
 
 from statelog.errors import StatelogError
+from statelog.format.exact import plain_keys
 from statelog.format.limits import MAX_KEY_BYTES, key_problem, table_name_problem
 from statelog.format.values import check_values, decode_value, decode_values, encode_value
 
@@ -112,7 +113,6 @@ DECODE_ERRORS = (msgspec.DecodeError, RecursionError, TypeError, ValueError, Ove
 _encoder = msgspec.msgpack.Encoder()
 _record_decoder = msgspec.msgpack.Decoder(CommitRecord)
 _head_decoder = msgspec.msgpack.Decoder(CommitHead)
-_KEY_TYPES = frozenset((str, bytes))
 
 encode_record = _encoder.encode
 """Encode a :class:`CommitRecord` to its payload bytes."""
@@ -210,11 +210,10 @@ def check_record(
 
 
 def _keys_problem(keys: list[Any]) -> str | None:
-    # Checked in C (set of types, longest length), as the commit path does;
-    # the per-key check runs only when some key may break a limit.
-    if not keys or (
-        _KEY_TYPES.issuperset(map(type, keys)) and max(map(len, keys)) <= MAX_KEY_BYTES // 4
-    ):
+    # One pass in C over exact types and lengths, as the commit path checks them; the
+    # per-key check runs only when some key may break a limit. msgspec decodes an
+    # array as an exact list.
+    if type(keys) is list and plain_keys(keys, MAX_KEY_BYTES // 4):
         return None
     for k in keys:
         why = key_problem(k)

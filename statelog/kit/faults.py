@@ -32,17 +32,19 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from statelog.errors import StatelogError
 from statelog.kit.power import CrashMode, DirOp, DiskModel
 from statelog.kit.spec import Crash, Fail, Fault, Kind, Pause, PowerCut, Step, Then
-from statelog.storage.fileio import AppendFile, Buffer, FileLayer
+from statelog.storage.fileio import AppendFile, Buffer, FileLayer, ReadBuffer
 
 if TYPE_CHECKING:
     from statelog.store.store import StateStore
 
 __all__ = ["CrashMode", "FaultyAppendFile", "FaultyFiles", "sigkill"]
+
+_Data = TypeVar("_Data", bytes, memoryview)
 
 
 def sigkill(step: Step) -> None:
@@ -67,13 +69,9 @@ class FaultyFiles(FileLayer):
     """
 
     def __init__(
-        self,
-        root: Path | None = None,
-        faults: Iterable[Fault] = (),
-        *,
-        real_sync: bool | None = None,
-        die: Callable[[Step], None] = sigkill,
-    ) -> None:
+        self, root: Path | None = None, faults: Iterable[Fault] = (), *,
+        real_sync: bool | None = None, die: Callable[[Step], None] = sigkill,
+    ) -> None:  # fmt: skip
         """Hook every step; model power loss of the store at ``root`` if given.
 
         :param faults: armed at once (more with :meth:`add`).
@@ -103,15 +101,9 @@ class FaultyFiles(FileLayer):
             self._faults.extend(faults)
 
     def fail(
-        self,
-        kind: Kind,
-        *,
-        errno: int = errnos.ENOSPC,
-        after: int = 0,
-        times: int | None = 1,
-        partial: int = 0,
-        match: str | None = None,
-    ) -> None:
+        self, kind: Kind, *, errno: int = errnos.ENOSPC, after: int = 0,
+        times: int | None = 1, partial: int = 0, match: str | None = None,
+    ) -> None:  # fmt: skip
         """Fail steps of ``kind`` with ``errno`` (shorthand for adding a :class:`Fail`).
 
         :param after: let this many matching steps succeed first.
@@ -277,9 +269,15 @@ class FaultyFiles(FileLayer):
             self.fsync_dir(path.parent)
 
     def read(self, path: Path) -> bytes:
+        return self._read(path, super().read)
+
+    def read_reusing(self, path: Path, reads: ReadBuffer) -> memoryview:
+        return self._read(path, functools.partial(super().read_reusing, reads=reads))
+
+    def _read(self, path: Path, read: Callable[[Path], _Data]) -> _Data:
         with self._mu:
             self._point("read", path)
-            data = super().read(path)
+            data = read(path)
             self._done("read", path)
             return data
 

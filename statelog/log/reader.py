@@ -151,7 +151,7 @@ def _has_zero_sector(data: memoryview, start: int, end: int) -> bool:
 
 def scan_segment(
     path: Path,
-    data: bytes,
+    data: bytes | memoryview,
     *,
     store_id: uuid.UUID | None,
     prev_crc: int | None,

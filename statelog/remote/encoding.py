@@ -45,7 +45,7 @@ def as_encoded(e: Entry, obj: bytes) -> Entry:
     )  # fmt: skip
 
 
-def encode_segment(data: bytes) -> bytes:
+def encode_segment(data: bytes | memoryview) -> bytes:
     """The object that holds the sealed segment ``data`` (one zstd frame, deterministic
     for a given zstandard version and level)."""
     return zstandard.ZstdCompressor(level=LEVEL, write_content_size=True).compress(data)

@@ -74,7 +74,7 @@ from statelog.remote.signing import KEY_ENV
 from statelog.remote.staging import Staging, resolve_dest
 from statelog.remote.url import StoreKeys
 from statelog.state.live import EpochsOnly
-from statelog.storage.fileio import FileLayer
+from statelog.storage.fileio import FileLayer, ReadBuffer
 from statelog.storage.layout import BASE_DIR, IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
 
 __all__ = ["RestoreResult", "find_store", "identity_bytes", "restore", "segment_problem"]
@@ -326,21 +326,25 @@ def _segment_ok(
         path = (fetch or st.fetch)(e)
     except (RemoteIntegrityError, RemoteNotFoundError) as exc:
         return _refuse(rejected, e.key, getattr(exc, "reason", None) or str(exc))
-    why = segment_problem(path, e, sid, chain)
+    why = segment_problem(path, e, sid, chain, st.reads)
     if why is not None:
         st.remove(e)
         return _refuse(rejected, e.key, why)
     return True
 
 
-def segment_problem(path: Path, e: Entry, sid: uuid.UUID, chain: int | None) -> str | None:
+def segment_problem(
+    path: Path, e: Entry, sid: uuid.UUID, chain: int | None, buffer: ReadBuffer | None = None
+) -> str | None:
     """Why the downloaded segment ``path`` of entry ``e`` cannot be used, or None.
 
     Scanned whole: its header (of store ``sid``, continuing ``chain`` unless None),
     every frame and the chain through them, a SEAL that agrees with the manifest,
-    and every record's schema.
+    and every record's schema. Read into ``buffer`` if given (a caller checking
+    many segments keeps one); nothing returned points into it.
     """
-    scan = scan_segment(path, path.read_bytes(), store_id=sid, prev_crc=chain, is_last=False)
+    data = (buffer or ReadBuffer()).read(path)
+    scan = scan_segment(path, data, store_id=sid, prev_crc=chain, is_last=False)
     if scan.stop.kind is not StopKind.CLEAN:
         return scan.stop.reason
     if (scan.sealed_lsn, scan.end_crc) != (e.last_lsn, e.end_crc):

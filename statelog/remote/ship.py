@@ -76,7 +76,7 @@ from statelog.remote.record import Shipped, ShipRecord, load_record, origin_of, 
 from statelog.remote.retention import RemoteRetentionResult, check_retention, retain_after_ship
 from statelog.remote.upload import Uploader
 from statelog.remote.url import StoreKeys
-from statelog.storage.fileio import FileLayer
+from statelog.storage.fileio import FileLayer, ReadBuffer
 from statelog.storage.layout import IDENTITY, SNAPSHOT_DIR, WAL_DIR, StoreLayout
 from statelog.storage.snapshots import list_snapshots
 
@@ -138,9 +138,11 @@ def _owner(
 
 
 def _segments(
-    store: Path, sid: uuid.UUID, gen: int, adopted_through: int, done: set[str]
+    store: Path, sid: uuid.UUID, gen: int, adopted_through: int, done: set[str], reads: ReadBuffer
 ) -> Iterator[tuple[Entry, bytes] | Path]:
     """Sealed segments not in ``done``, verified, one at a time; a damaged one as its path.
+
+    Each is read into ``reads``; the bytes yielded never point into it.
 
     :raises FencedError: a segment of an older generation that this
         directory's takeover did not adopt (see the module docstring).
@@ -155,7 +157,7 @@ def _segments(
         if rel in done or peek_seal(path, path.stat().st_size) is None:
             highest = max(highest, _generation_of(path))
             continue  # shipped already; or the active segment (unsealed), never shipped
-        data = path.read_bytes()
+        data = reads.read(path)
         scan = scan_segment(path, data, store_id=sid, prev_crc=None, is_last=False, payloads=False)
         if scan.stop.kind is not StopKind.CLEAN or scan.header is None or scan.sealed_lsn is None:
             log.error("event=ship_skipped_damaged file=%s reason=%r", rel, scan.stop.reason)
@@ -193,7 +195,7 @@ def _segments(
         if encoding_problem(encoded := as_encoded(e, obj), True) is None:
             yield encoded, obj
         else:  # beyond what a reader accepts (too large, or compressing too far): as it is
-            yield e, data
+            yield e, bytes(data)
 
 
 def _generation_of(path: Path) -> int:
@@ -264,6 +266,7 @@ def ship(
     retain_for: timedelta | None = None,
     client: RemoteClient | None = None,
     files: FileLayer | None = None,
+    buffer: ReadBuffer | None = None,
 ) -> ShipResult:
     """Ship ``store`` to ``url`` (steps in the module docstring) and return what was done.
 
@@ -272,6 +275,8 @@ def ship(
         generation 1, :func:`.manifest.create_first`).
     :param retain: after shipping, apply remote retention keeping this many snapshots.
     :param retain_for: after shipping, also keep every epoch of this window restorable.
+    :param buffer: where sealed segments are read to be verified and encoded; a
+        process that ships again and again keeps one (default: a new one per call).
     :raises InvalidOptionError: ``retain`` or ``retain_for`` is out of range; nothing shipped.
     :raises StoreNotFoundError: ``store`` holds no statelog store.
     :raises FencedError: another generation owns the store, or a segment of
@@ -306,7 +311,7 @@ def ship(
     book.listed = lambda m: update_record(store, _record(rec, url, gen, up, book, m), files)
     new, result = publish(
         up,
-        _segments(store, sid, gen, rec.adopted_through, done),
+        _segments(store, sid, gen, rec.adopted_through, done, buffer or ReadBuffer()),
         _snapshots(store, files, sid, gen, done),
         book,
     )

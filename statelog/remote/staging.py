@@ -32,7 +32,7 @@ from statelog.remote.client import SHA256_ATTR, RemoteClient
 from statelog.remote.encoding import decode_object
 from statelog.remote.entry import Entry
 from statelog.remote.errors import RemoteIntegrityError
-from statelog.storage.fileio import FileLayer
+from statelog.storage.fileio import FileLayer, ReadBuffer
 from statelog.storage.layout import SNAPSHOT_DIR, WAL_DIR
 
 __all__ = ["Staging", "download", "resolve_dest", "staging_of"]
@@ -164,6 +164,8 @@ class Staging:
         files.fsync_dir(root.parent)
         self.bytes = 0
         self._counting = threading.Lock()  # downloads run in threads beside the restore
+        self.reads = ReadBuffer()
+        """Where the restore's thread reads each segment it checks, one after another."""
 
     def path_of(self, e: Entry) -> Path:
         """The checked local path of entry ``e``."""

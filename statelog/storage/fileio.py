@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["AppendFile", "FileLayer"]
+__all__ = ["AppendFile", "FileLayer", "ReadBuffer"]
 
 Buffer = bytes | bytearray | memoryview
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
@@ -116,6 +116,14 @@ class FileLayer:
         with open(path, "rb") as fh:
             return fh.read()
 
+    def read_reusing(self, path: Path, reads: ReadBuffer) -> memoryview:
+        """:meth:`read` into ``reads``: the view is valid until its next read
+        (:class:`ReadBuffer`). A subclass that watches or fails reads does so here too.
+
+        :raises OSError: as :meth:`read`.
+        """
+        return reads.read(path)
+
     def truncate(self, path: Path, size: int) -> None:
         """Cut ``path`` to ``size`` bytes and fsync it."""
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
@@ -162,3 +170,41 @@ class FileLayer:
         for d in reversed(missing):
             os.mkdir(d)
             self.fsync_dir(d.parent)
+
+
+class ReadBuffer:
+    """Whole files read one after another into one buffer that is kept between reads.
+
+    Reading a file of tens of MiB into a fresh ``bytes`` makes the kernel fault in
+    and zero a new page for every 4 KiB of it, which costs about twice the copy
+    itself; a buffer kept between reads pays that once, for the largest file. For
+    a reader that reads many large files in turn and keeps none of their bytes:
+    the shipper verifying sealed segments, a restore checking each one it wrote.
+    The buffer grows to the largest file read and stays that size while its
+    owner keeps it.
+    """
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def read(self, path: Path) -> memoryview:
+        """The bytes of ``path``, as far as its size when opened.
+
+        The view is valid only until the next call, which overwrites it: keep
+        nothing that points into it (copy what must outlive it).
+
+        :raises OSError: opening or reading failed (an I/O error is never corruption).
+        """
+        with open(path, "rb", buffering=0) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > len(self._buf):
+                # A new buffer, not a resize: a view a caller still holds stays valid.
+                self._buf = bytearray(size)
+            view = memoryview(self._buf)
+            got = 0
+            while got < size:
+                n = fh.readinto(view[got:size])
+                if not n:
+                    break  # cut short meanwhile: the bytes that are there
+                got += n
+        return view[:got]

@@ -36,6 +36,7 @@ from typing import Protocol, Self
 import lmdb
 
 from statelog.errors import CorruptionError, StoreClosedError
+from statelog.format.exact import tagged_keys
 from statelog.format.records import Key
 
 __all__ = ["Base", "BaseLevel", "Delta", "EmptyBase", "decode_key", "encode_key", "encode_keys"]
@@ -69,11 +70,14 @@ _BYTES_TAG = b"\x00".__add__
 def encode_keys(keys: Sequence[Key]) -> list[bytes]:
     """:func:`encode_key` of each of ``keys``, in order.
 
-    A batch of one key type is encoded by C-level maps, without a Python
-    call per key: the compactor encodes every key of every record it folds.
+    A list of str and bytes keys is encoded in one call
+    (:func:`statelog.format.exact.tagged_keys`): the compactor encodes every key of
+    every record it folds.
 
     :raises TypeError: a key is neither str nor bytes.
     """
+    if type(keys) is list and (tagged := tagged_keys(keys)) is not None:
+        return tagged
     kinds = set(map(type, keys))
     if kinds == {str}:
         return list(map(_STR_TAG, map(str.encode, keys)))  # type: ignore[arg-type]
