@@ -72,7 +72,7 @@ def aside_path(path: Path, suffix: str) -> Path:
 def torn_tail(
     files: FileLayer,
     scan: SegmentScan,
-    data: bytes,
+    data: bytes | memoryview,
     offset: int,
     reason: str,
     prog: Progress,
@@ -110,7 +110,7 @@ def corruption(
     files: FileLayer,
     store_id: uuid.UUID,
     scan: SegmentScan,
-    data: bytes,
+    data: bytes | memoryview,
     offset: int,
     reason: str,
     later: list[Path],
@@ -163,7 +163,12 @@ def corruption(
 
 
 def _cut(
-    files: FileLayer, scan: SegmentScan, data: bytes, offset: int, suffix: str, prog: Progress
+    files: FileLayer,
+    scan: SegmentScan,
+    data: bytes | memoryview,
+    offset: int,
+    suffix: str,
+    prog: Progress,
 ) -> None:
     """Save ``data[offset:]`` aside, then cut the segment there (or move it whole).
 
@@ -189,7 +194,7 @@ def _salvage_epochs(
     files: FileLayer,
     store_id: uuid.UUID,
     scan: SegmentScan,
-    data: bytes,
+    data: bytes | memoryview,
     offset: int,
     later: list[Path],
 ) -> list[int]:

@@ -47,7 +47,7 @@ from statelog.log.segments import list_segments
 from statelog.recovery.damage import Progress, corruption, torn_tail
 from statelog.recovery.report import RecoveryReport
 from statelog.state.live import EpochsOnly, LiveState
-from statelog.storage.fileio import FileLayer
+from statelog.storage.fileio import FileLayer, ReadBuffer
 
 __all__ = ["LogEnd", "recover_log"]
 
@@ -178,8 +178,9 @@ def _replay(
     That one is handled by policy (module docstring) and ends the replay.
     """
     state = prog.state
+    reads = ReadBuffer()  # nothing applied or set aside points into it
     for i, (seq, lsn, path) in enumerate(segments):
-        data = _read(files, path)
+        data = _read(files, path, reads)
         scan = scan_segment(
             path, data, store_id=store_id, prev_crc=end.chain, is_last=i == len(segments) - 1
         )
@@ -227,9 +228,9 @@ def _generation_of(path: Path) -> int:
         return 0
 
 
-def _read(files: FileLayer, path: Path) -> bytes:
+def _read(files: FileLayer, path: Path, reads: ReadBuffer) -> memoryview:
     try:
-        return files.read(path)
+        return files.read_reusing(path, reads)
     except OSError as exc:
         raise StorageError(
             f"reading {path} failed: {exc.strerror or exc}",
