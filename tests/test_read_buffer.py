@@ -10,8 +10,12 @@ from pathlib import Path
 import pytest
 
 import statelog
+from compactor import compact
+from statelog.compaction import base as compaction_base
+from statelog.recovery import replay
 from statelog.remote import read_manifest, restore, ship
 from statelog.storage.fileio import ReadBuffer
+from tests.helpers import build_store, model_at, simple_commits, snapshot_of
 from tests.s3server import Remote, remote, s3  # noqa: F401
 from tests.test_remote import res_id, state_of
 
@@ -71,3 +75,43 @@ def test_ships_sharing_one_buffer_upload_each_segment_exactly(
     assert res.epoch == len(batches) and state_of(tmp_path / "dst") == state_of(src)
     for seg in sorted((src / "wal").iterdir()):
         assert (tmp_path / "dst" / "wal" / seg.name).read_bytes() == seg.read_bytes(), seg.name
+
+
+class _Poisoning(ReadBuffer):
+    """A buffer that overwrites everything it held with 0xFF before each read, and never
+    moves to a new one: a view into an earlier file that a reader kept past the next
+    read would see 0xFF, where a ReadBuffer that grew would have left it intact."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._held = bytearray(1 << 20)
+
+    def read(self, path: Path) -> memoryview:
+        view = memoryview(self._held)
+        view[:] = b"\xff" * len(self._held)
+        data = path.read_bytes()
+        assert len(data) <= len(self._held)
+        view[: len(data)] = data
+        return view[: len(data)]
+
+
+@pytest.mark.parametrize("module", [replay, compaction_base], ids=["replay", "fold"])
+def test_nothing_read_from_a_segment_is_used_after_the_next_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: object
+) -> None:
+    """Recovery's replay and a pass's fold read every segment into one buffer: what they
+    applied, kept or set aside must be copies, or the poisoned buffer shows through."""
+    (tmp_path / "long").write_bytes(b"a" * 10)
+    (tmp_path / "short").write_bytes(b"b")
+    poisoning = _Poisoning()
+    held = poisoning.read(tmp_path / "long")
+    poisoning.read(tmp_path / "short")
+    assert bytes(held) == b"b" + b"\xff" * 9  # a kept view shows the poison
+    path = tmp_path / "store"
+    models = build_store(path, simple_commits(120, value_size=40), segment_bytes=4096)
+    monkeypatch.setattr(module, "ReadBuffer", _Poisoning)
+    if module is compaction_base:
+        assert compact(path).skipped is None
+    with statelog.open(path) as store:
+        assert store.epoch == 120
+        assert snapshot_of(store) == model_at(models, 120)
