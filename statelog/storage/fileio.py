@@ -178,8 +178,9 @@ class ReadBuffer:
     Reading a file of tens of MiB into a fresh ``bytes`` makes the kernel fault in
     and zero a new page for every 4 KiB of it, which costs about twice the copy
     itself; a buffer kept between reads pays that once, for the largest file. For
-    a reader that reads many large files in turn and keeps none of their bytes:
-    the shipper verifying sealed segments, a restore checking each one it wrote.
+    a reader that reads many large files in turn and keeps none of their bytes: a
+    pass's fold, recovery's replay, the shipper verifying sealed segments, a
+    restore checking each segment it downloaded.
     The buffer grows to the largest file read and stays that size while its
     owner keeps it.
     """
