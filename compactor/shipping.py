@@ -9,10 +9,11 @@ for the GIL after every read, hash and request, and the sealed log waits
 behind the merge. The passes' own ships go through the same process, so
 one store's ships never overlap.
 
-A round skips a store whose log, snapshots and ship record are as they were
-before its last ship that succeeded: that ship took everything there was, and
+A round skips a store with nothing new to ship since its last ship that
+succeeded (:mod:`compactor.idle`: the newest segment only growing is nothing new,
+since nothing ships it before its seal): that ship took everything there was, and
 asking the bucket again would cost a request every quarter bound for every
-idle store. Every :data:`IDLE_RECHECK` bounds each store is shipped all the
+store. Every :data:`IDLE_RECHECK` bounds each store is shipped all the
 same (as it is by its passes), so a takeover of an idle store is still
 noticed, and time-based remote retention still runs.
 """
@@ -32,13 +33,13 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from compactor.idle import Idle, local_state
 from compactor.options import EXIT_FAILED, EXIT_FENCED
 from statelog.cli.exits import exit_code_for
 from statelog.compaction.logfmt import LOGGER, KeyValueFormatter, kv
 from statelog.errors import FencedError, StatelogError
 from statelog.remote import RemoteClient, ship
 from statelog.storage.fileio import FileLayer, ReadBuffer
-from statelog.storage.layout import REMOTE_RECORD, StoreLayout
 
 __all__ = [
     "IDLE_RECHECK",
@@ -67,56 +68,6 @@ _Reply = tuple[str, ...] | tuple[str, str, str, int, int, str]
 
 IDLE_RECHECK = 10
 """A store with nothing new on this host is shipped anyway every this many ``--max-ship-lag``."""
-
-_LocalState = tuple[tuple[str, int, int, int, int], ...]
-
-
-def _stamp(name: str, st: os.stat_result) -> tuple[str, int, int, int, int]:
-    # The inode and ctime too: a file replaced by one of the same size within one tick
-    # of a coarse mtime clock still differs.
-    return (name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
-
-
-def _local_state(store: Path) -> _LocalState | None:
-    """What a ship of ``store`` reads on this host: its log, its snapshots and its ship
-    record, each by name, size, times and inode; None when they cannot be read (the
-    ship then runs and reports the error for this store alone). A file gone while it is
-    listed is left out, which only makes the answer differ from the last one."""
-    layout = StoreLayout(store)
-    found: list[tuple[str, int, int, int, int]] = []
-    try:
-        for folder in (layout.wal, layout.snapshots):
-            with contextlib.suppress(FileNotFoundError), os.scandir(folder) as entries:
-                for entry in entries:
-                    with contextlib.suppress(FileNotFoundError):
-                        found.append(_stamp(entry.path, entry.stat()))
-        with contextlib.suppress(FileNotFoundError):
-            found.append(_stamp(REMOTE_RECORD, (store / REMOTE_RECORD).stat()))
-    except OSError:
-        return None
-    return tuple(sorted(found))
-
-
-class _Idle:
-    """The stores a round may skip: unchanged since their last ship that succeeded,
-    and shipped less than ``recheck`` seconds ago."""
-
-    def __init__(self, recheck: float) -> None:
-        self._recheck = recheck
-        self._shipped: dict[Path, tuple[_LocalState, float]] = {}
-
-    def unchanged(self, store: Path, state: _LocalState | None) -> bool:
-        last = self._shipped.get(store)
-        if state is None or last is None:
-            return False
-        return last[0] == state and time.monotonic() - last[1] < self._recheck
-
-    def shipped(self, store: Path, before: _LocalState | None) -> None:
-        """Record a ship of ``store`` that found ``before``; None: it failed, ship it again."""
-        if before is None:
-            self._shipped.pop(store, None)
-        else:
-            self._shipped[store] = (before, time.monotonic())
 
 
 class ShipFailedError(StatelogError):
@@ -256,7 +207,7 @@ def _serve(conn: Connection, args: argparse.Namespace, stores: list[Path]) -> No
     """
     client, files = RemoteClient.from_url(args.remote), FileLayer()
     period = args.max_ship_lag.total_seconds() / 4
-    idle = _Idle(IDLE_RECHECK * args.max_ship_lag.total_seconds())
+    idle = Idle(IDLE_RECHECK * args.max_ship_lag.total_seconds())
     due = time.monotonic() + period
     try:
         while _requests(conn, stores, args, files, client, max(0.0, due - time.monotonic())):
@@ -265,7 +216,7 @@ def _serve(conn: Connection, args: argparse.Namespace, stores: list[Path]) -> No
                 if not _requests(conn, stores, args, files, client, 0.0):
                     return
                 # Read before the ship: a segment sealed while it runs differs next round.
-                before = _local_state(store)
+                before = local_state(store)
                 if idle.unchanged(store, before):
                     continue
                 reply = _ship_reply(store, args, files, client)

@@ -27,6 +27,8 @@ processes against the tests' S3 server; the host is lost by SIGKILLing both.
 |                                                     | store it was passing                      |
 | a store with nothing new on the host                | not shipped every round, but every        |
 |                                                     | IDLE_RECHECK bounds; a commit at once     |
+| a writer committing into its open segment           | not shipped every round: at its seal      |
+|                                                     | (close, age or size)                      |
 | a takeover of a store with nothing new              | noticed by those ships                    |
 | one store's files unreadable (a symlink loop)       | its ship fails alone; the other store's   |
 |                                                     | commit is shipped by the next round       |
@@ -52,6 +54,7 @@ import pytest
 
 import statelog
 from compactor.daemon import nicer
+from compactor.idle import local_state
 from compactor.shipping import IDLE_RECHECK, ShipFailedError, ShipLoop
 from statelog.remote import LagCollector, lag, restore, ship
 from statelog.storage.fileio import FileLayer
@@ -457,6 +460,59 @@ def test_an_idle_store_is_shipped_every_recheck_not_every_round(
         _commit(path, 2)  # sealed at close: the next round ships it
         _wait("the new commit in the bucket", lambda: lag(path).epochs == 0, timeout=5)
     assert restore(remote.url, tmp_path / "r", client=remote.client()).epoch == 2
+
+
+def test_a_busy_writer_is_shipped_at_its_seals_not_every_round(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Commits only grow the newest segment, which nothing ships before its seal: the
+    rounds between two seals ask the bucket nothing. Its seal ships it at once."""
+    path, bound = tmp_path / "s", 0.2
+    _commit(path, 1)
+    loop = _idle_loop(remote, monkeypatch, bound)
+    with _running(loop):
+        with statelog.open(path, max_ship_lag=timedelta(days=1)) as store:
+            epoch = 2
+            store.commit(offsets={"p": epoch}, low_watermark_ms=epoch, put={"k": epoch})
+            loop.ship(path)  # the segment that commit made is there: a round ships it
+            time.sleep(0.3)
+            capfd.readouterr()
+            deadline = time.monotonic() + 1.6 * IDLE_RECHECK * bound
+            while time.monotonic() < deadline:  # about 64 rounds
+                epoch += 1
+                store.commit(offsets={"p": epoch}, low_watermark_ms=epoch, put={"k": epoch})
+                time.sleep(0.02)
+            ships = capfd.readouterr().err.count("event=shipped")
+            # At most the recheck's ship (one every IDLE_RECHECK bounds), where a ship
+            # every round of a growing segment would be dozens.
+            assert ships <= 3, ships
+            assert lag(path).epochs == epoch - 1  # none shipped: the segment is open
+        _wait("the segment sealed at close in the bucket", lambda: lag(path).epochs == 0, 5)
+    assert restore(remote.url, tmp_path / "r", client=remote.client()).epoch == epoch
+
+
+def test_the_local_state_changes_at_every_seal_and_not_at_a_commit(tmp_path: Path) -> None:
+    """What a round compares: commits into the open segment leave it as it was; every
+    way a segment becomes shippable changes it (a seal at close, by age, by size)."""
+    path = tmp_path / "s"
+    _commit(path, 1)
+    with statelog.open(path, max_ship_lag=timedelta(days=1), segment_bytes=4096) as store:
+        store.commit(offsets={"p": 2}, low_watermark_ms=2, put={"k": 2})
+        before = local_state(path)
+        store.commit(offsets={"p": 3}, low_watermark_ms=3, put={"k": 3})
+        assert local_state(path) == before  # a commit: nothing new to ship
+        store.commit(offsets={"p": 4}, low_watermark_ms=4, put={"k": "x" * 5000})
+        store.commit(offsets={"p": 5}, low_watermark_ms=5, put={"k": 5})
+        assert local_state(path) != before  # sealed by size, and rolled
+        before = local_state(path)
+    assert local_state(path) != before  # sealed at close, no segment after it
+    with statelog.open(path, max_ship_lag=timedelta(milliseconds=40)) as store:
+        store.commit(offsets={"p": 6}, low_watermark_ms=6, put={"k": 6})
+        before = local_state(path)
+        _wait("the seal by age", lambda: local_state(path) != before, timeout=5)
 
 
 def test_a_takeover_of_an_idle_store_is_noticed_by_its_recheck(
