@@ -301,7 +301,7 @@ def ship_store(
     """Ship ``store`` to ``--remote`` (the library logs ``event=shipped``)."""
     ship(
         store, args.remote, retain=args.remote_retain, retain_for=args.remote_retain_for,
-        client=client, files=files, buffer=_READS,
+        client=client, files=files, reads=_READS,
     )  # fmt: skip
 
 

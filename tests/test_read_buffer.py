@@ -67,7 +67,7 @@ def test_ships_sharing_one_buffer_upload_each_segment_exactly(
     for n, batch in enumerate(batches, 1):
         with statelog.open(src) as st:  # its close seals the segment
             st.commit(offsets={"p": n}, put=batch)
-        ship(src, remote.url, client=remote.client(), buffer=reads)
+        ship(src, remote.url, client=remote.client(), reads=reads)
     cur = read_manifest(remote.client(), res_id(src))
     assert cur is not None
     assert sorted(e.encoding for e in cur.manifest.segments) == [""] + ["zstd"] * 5

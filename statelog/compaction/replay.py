@@ -74,7 +74,7 @@ def fold_segment(
     seg: SegmentInfo,
     fold: Folding,
     last_in_log: bool,
-    reads: ReadBuffer | None = None,
+    reads: ReadBuffer,
 ) -> str | None:
     """Verify, decode and apply one sealed segment to ``builder``; advance ``fold``.
 
@@ -90,7 +90,7 @@ def fold_segment(
     """
     if fold.generation is None:
         fold.generation = covered_generation(seg.path.parent, fold.epoch)
-    data = files.read_reusing(seg.path, reads or ReadBuffer())
+    data = files.read_reusing(seg.path, reads)
     fold.bytes_read += len(data)
     scan = scan_segment(seg.path, data, store_id=store_id, prev_crc=fold.chain, is_last=False)
     if scan.sealed_lsn is None and last_in_log:

@@ -334,16 +334,16 @@ def _segment_ok(
 
 
 def segment_problem(
-    path: Path, e: Entry, sid: uuid.UUID, chain: int | None, buffer: ReadBuffer | None = None
+    path: Path, e: Entry, sid: uuid.UUID, chain: int | None, reads: ReadBuffer | None = None
 ) -> str | None:
     """Why the downloaded segment ``path`` of entry ``e`` cannot be used, or None.
 
     Scanned whole: its header (of store ``sid``, continuing ``chain`` unless None),
     every frame and the chain through them, a SEAL that agrees with the manifest,
-    and every record's schema. Read into ``buffer`` if given (a caller checking
+    and every record's schema. Read into ``reads`` if given (a caller checking
     many segments keeps one); nothing returned points into it.
     """
-    data = (buffer or ReadBuffer()).read(path)
+    data = (reads or ReadBuffer()).read(path)
     scan = scan_segment(path, data, store_id=sid, prev_crc=chain, is_last=False)
     if scan.stop.kind is not StopKind.CLEAN:
         return scan.stop.reason

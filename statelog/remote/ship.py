@@ -266,7 +266,7 @@ def ship(
     retain_for: timedelta | None = None,
     client: RemoteClient | None = None,
     files: FileLayer | None = None,
-    buffer: ReadBuffer | None = None,
+    reads: ReadBuffer | None = None,
 ) -> ShipResult:
     """Ship ``store`` to ``url`` (steps in the module docstring) and return what was done.
 
@@ -275,7 +275,7 @@ def ship(
         generation 1, :func:`.manifest.create_first`).
     :param retain: after shipping, apply remote retention keeping this many snapshots.
     :param retain_for: after shipping, also keep every epoch of this window restorable.
-    :param buffer: where sealed segments are read to be verified and encoded; a
+    :param reads: where sealed segments are read to be verified and encoded; a
         process that ships again and again keeps one (default: a new one per call).
     :raises InvalidOptionError: ``retain`` or ``retain_for`` is out of range; nothing shipped.
     :raises StoreNotFoundError: ``store`` holds no statelog store.
@@ -311,7 +311,7 @@ def ship(
     book.listed = lambda m: update_record(store, _record(rec, url, gen, up, book, m), files)
     new, result = publish(
         up,
-        _segments(store, sid, gen, rec.adopted_through, done, buffer or ReadBuffer()),
+        _segments(store, sid, gen, rec.adopted_through, done, reads or ReadBuffer()),
         _snapshots(store, files, sid, gen, done),
         book,
     )

@@ -63,10 +63,6 @@ def encode_key(key: Key) -> bytes:
     raise TypeError(f"keys are str or bytes, not {type(key).__name__}")
 
 
-_STR_TAG = b"\x01".__add__
-_BYTES_TAG = b"\x00".__add__
-
-
 def encode_keys(keys: Sequence[Key]) -> list[bytes]:
     """:func:`encode_key` of each of ``keys``, in order.
 
@@ -76,14 +72,10 @@ def encode_keys(keys: Sequence[Key]) -> list[bytes]:
 
     :raises TypeError: a key is neither str nor bytes.
     """
-    if type(keys) is list and (tagged := tagged_keys(keys)) is not None:
+    tagged = tagged_keys(keys if type(keys) is list else list(keys))
+    if tagged is not None:
         return tagged
-    kinds = set(map(type, keys))
-    if kinds == {str}:
-        return list(map(_STR_TAG, map(str.encode, keys)))  # type: ignore[arg-type]
-    if kinds == {bytes}:
-        return list(map(_BYTES_TAG, keys))  # type: ignore[arg-type]
-    return [encode_key(k) for k in keys]
+    return [encode_key(k) for k in keys]  # some key no image stores: named here
 
 
 def decode_key(data: bytes) -> Key:
