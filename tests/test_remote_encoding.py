@@ -3,15 +3,23 @@ about the compressed form can be used against a restore.
 
 | what the bucket holds                                 | expected                              |
 |-------------------------------------------------------|---------------------------------------|
-| what the shipper wrote: each segment one zstd frame   | restores exactly; fewer bytes shipped |
+| what the shipper wrote: each segment one zstd frame,  | restores exactly; fewer bytes shipped |
+|   its entry naming the file's size (format 3)         |                                       |
 | an object that decodes past the file size it names    | that segment refused at the first     |
 |   (a bomb, the manifest re-hashed by someone)         |   byte past it; the restore stops     |
 |                                                       |   before it                           |
-| an object that decodes to other bytes than named      | refused the same way                  |
+| an object whose decoded segment does not verify       | refused the same way                  |
+| a bucket a format-2 shipper wrote (each entry naming  | restores exactly; an object decoding  |
+|   the decoded file's SHA-256)                         |   to other bytes than named refused   |
 | a bucket an older shipper wrote (format 1, raw)       | restores exactly                      |
 | a segment compressing past the ratio readers accept   | shipped as it is; restores exactly    |
 | an older shipper's raw upload whose manifest commit   | adopted, listed as the raw object it  |
 |   never landed, at the key a compressed one would use |   is; restores exactly                |
+| the same, compressed at another level (another        | adopted, listed as the object it is;  |
+|   zstandard version)                                  |   restores exactly                    |
+| a store that lost its ship record, its segments       | not shipped again, whatever level     |
+|   listed as objects compressed at another level       |   compressed them; a listed file of   |
+|                                                       |   other bytes stops the ship          |
 | manifest grammar: unknown encoding, an encoded        | refused before any download           |
 |   snapshot, a file size over 1024 times the object,   |   (``tests/test_remote_hostile.py``)  |
 |   an encoded entry in a format-1 manifest             |                                       |
@@ -24,12 +32,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 import zstandard
 
 import statelog
 from statelog.remote import read_manifest, restore, ship
 from statelog.remote.entry import Entry
-from statelog.remote.manifest import ENCODED_FORMAT, FORMAT
+from statelog.remote.manifest import BOUND_FORMAT, ENCODED_FORMAT, FORMAT
+from statelog.remote.record import RECORD
 from statelog.remote.url import StoreKeys
 from tests.s3server import Remote, remote, s3  # noqa: F401
 from tests.test_remote import commit_range, res_id, state_of
@@ -45,12 +55,14 @@ def _wal(remote: Remote, sid: uuid.UUID) -> list[Entry]:  # noqa: F811
 def test_segments_ship_compressed_and_restore_exactly(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
     src = small_store(tmp_path, remote)
     cur = read_manifest(remote.client(), res_id(src))
-    assert cur is not None and cur.manifest.format == ENCODED_FORMAT
+    assert cur is not None and cur.manifest.format == BOUND_FORMAT
     segments = cur.manifest.segments
     assert segments and all(e.encoding == "zstd" for e in segments)
     for e in segments:
         raw = (src / "wal" / e.name).read_bytes()
-        assert (e.file_size, e.file_sha256) == (len(raw), hashlib.sha256(raw).hexdigest())
+        obj = remote.client().get(e.key).data
+        assert (e.file_size, e.file_sha256, e.size) == (len(raw), "", len(obj))
+        assert e.sha256 == _sha(obj) and zstandard.decompress(obj) == raw
         assert e.size < e.file_size
     res = restore(remote.url, tmp_path / "dst", client=remote.client())
     assert res.epoch == 250 and state_of(tmp_path / "dst") == state_of(src)
@@ -63,7 +75,11 @@ def test_segments_ship_compressed_and_restore_exactly(tmp_path: Path, remote: Re
 def _replace_newest(remote: Remote, sid: uuid.UUID, body: bytes) -> Entry:  # noqa: F811
     """Put ``body`` at the newest segment's key and re-hash its entry, as someone
     without a shipping key could; the entry's file size and hash are left as they were."""
-    victim = _wal(remote, sid)[-1]
+    return _replace_like(remote, sid, _wal(remote, sid)[-1], body)
+
+
+def _replace_like(remote: Remote, sid: uuid.UUID, victim: Entry, body: bytes) -> Entry:  # noqa: F811
+    """:func:`_replace_newest` for the segment of ``victim``."""
     sha = hashlib.sha256(body).hexdigest()
     put_object(remote, victim.key, body, sha=sha)
 
@@ -90,13 +106,52 @@ def test_an_object_decoding_past_its_file_size_is_refused(tmp_path: Path, remote
     assert sorted(p.name for p in (tmp_path / "dst" / "wal").iterdir() if "tmp" in p.name) == []
 
 
-def test_an_object_decoding_to_other_bytes_is_refused(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
-    src = small_store(tmp_path, remote)
-    sid = res_id(src)
+def _flipped_newest(src: Path, remote: Remote, sid: uuid.UUID) -> Entry:  # noqa: F811
     raw = bytearray((src / "wal" / _wal(remote, sid)[-1].name).read_bytes())
     raw[len(raw) // 2] ^= 1  # same size, other bytes
-    victim = _replace_newest(remote, sid, zstandard.ZstdCompressor().compress(bytes(raw)))
+    return _replace_newest(remote, sid, zstandard.ZstdCompressor().compress(bytes(raw)))
+
+
+def test_an_object_whose_decoded_segment_does_not_verify_is_refused(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    src = small_store(tmp_path, remote)
+    victim = _flipped_newest(src, remote, res_id(src))
     res = restore(remote.url, tmp_path / "dst", client=remote.client())
+    assert [k for k, _ in res.rejected] == [victim.key]
+    assert "checksum mismatch" in res.rejected[0][1] and res.epoch == victim.first_lsn - 1
+    assert state_of(tmp_path / "dst")["epoch"] == victim.first_lsn - 1
+
+
+def _named_decoded_hashes(src: Path, remote: Remote, sid: uuid.UUID) -> None:  # noqa: F811
+    """The manifest as a format-2 shipper wrote it: each encoded entry names the file's
+    SHA-256."""
+    files = {e.key: (src / "wal" / e.name).read_bytes() for e in _wal(remote, sid)}
+
+    def format_2(doc: dict[str, Any]) -> None:
+        doc["format"] = ENCODED_FORMAT
+        for e in doc["objects"]:
+            if e["key"] in files:
+                e["file_sha256"] = _sha(files[e["key"]])
+
+    forge_manifest(remote, sid, format_2)
+
+
+def test_a_bucket_a_format_2_shipper_wrote_restores_and_its_hashes_are_checked(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    src = small_store(tmp_path, remote)
+    sid = res_id(src)
+    _named_decoded_hashes(src, remote, sid)
+    cur = read_manifest(remote.client(), sid)
+    assert cur is not None and cur.manifest.format == ENCODED_FORMAT
+    assert all(e.file_sha256 for e in cur.manifest.segments)
+    res = restore(remote.url, tmp_path / "dst", client=remote.client())
+    assert res.epoch == 250 and not res.rejected and state_of(tmp_path / "dst") == state_of(src)
+    victim = _flipped_newest(src, remote, sid)  # the entry keeps its decoded hash
+    res = restore(remote.url, tmp_path / "again", client=remote.client())
     assert [k for k, _ in res.rejected] == [victim.key]
     assert "other bytes" in res.rejected[0][1] and res.epoch == victim.first_lsn - 1
 
@@ -119,7 +174,7 @@ def test_a_bucket_an_older_shipper_wrote_still_restores(tmp_path: Path, remote: 
                     len(raw[e["key"]]),
                 )
                 for field in ("encoding", "file_size", "file_sha256"):
-                    del e[field]
+                    e.pop(field, None)
 
     forge_manifest(remote, sid, older)
     cur = read_manifest(remote.client(), sid)
@@ -173,3 +228,87 @@ def test_a_raw_upload_whose_commit_never_landed_is_adopted(
 
 def _sha(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
+
+
+def test_an_upload_compressed_otherwise_whose_commit_never_landed_is_adopted(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    src = tmp_path / "src"
+    commit_range(src, 0, 60)
+    ship(src, remote.url, client=remote.client())
+    sid = res_id(src)
+    shipped = {e.name for e in _wal(remote, sid)}
+    commit_range(src, 60, 120)
+    fresh = [p for p in sorted((src / "wal").glob("*.wal")) if p.name not in shipped][:-1]
+    assert fresh
+    gen = _wal(remote, sid)[0].generation
+    theirs = {}
+    for p in fresh:  # the same files, framed by another zstandard version or level
+        body = zstandard.ZstdCompressor(level=7).compress(p.read_bytes())
+        theirs[p.name] = body
+        put_object(remote, StoreKeys(sid).segment(gen, p.name), body, sha=_sha(body))
+    result = ship(src, remote.url, client=remote.client())
+    assert sorted(result.adopted) == sorted(StoreKeys(sid).segment(gen, p.name) for p in fresh)
+    by_name = {e.name: e for e in _wal(remote, sid)}
+    for p in fresh:
+        e = by_name[p.name]
+        assert (e.encoding, e.sha256, e.file_size) == (
+            "zstd",
+            _sha(theirs[p.name]),
+            p.stat().st_size,
+        )
+    res = restore(remote.url, tmp_path / "dst", client=remote.client())
+    assert not res.rejected and state_of(tmp_path / "dst") == state_of(src)
+
+
+def test_an_upload_of_another_file_at_our_key_is_not_adopted(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+) -> None:
+    src = tmp_path / "src"
+    commit_range(src, 0, 60)
+    ship(src, remote.url, client=remote.client())
+    sid = res_id(src)
+    shipped = {e.name for e in _wal(remote, sid)}
+    commit_range(src, 60, 120)
+    p = next(p for p in sorted((src / "wal").glob("*.wal")) if p.name not in shipped)
+    other = bytearray(p.read_bytes())
+    other[len(other) // 2] ^= 1
+    body = zstandard.ZstdCompressor(level=7).compress(bytes(other))
+    key = StoreKeys(sid).segment(_wal(remote, sid)[0].generation, p.name)
+    put_object(remote, key, body, sha=_sha(body))
+    with pytest.raises(statelog.errors.RemoteError) as err:
+        ship(src, remote.url, client=remote.client())
+    assert key in str(err.value) and err.value.hint
+    assert remote.client().get(key).data == body  # never overwritten
+
+
+@pytest.mark.parametrize("listed_as", ["same-file", "other-file"])
+def test_a_store_without_its_ship_record_recognises_what_is_listed(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    listed_as: str,
+) -> None:
+    src = tmp_path / "src"
+    commit_range(src, 0, 120)
+    ship(src, remote.url, client=remote.client())
+    sid = res_id(src)
+    victim = _wal(remote, sid)[0]
+    file = bytearray((src / "wal" / victim.name).read_bytes())
+    if listed_as == "other-file":
+        file[len(file) // 2] ^= 1
+    body = zstandard.ZstdCompressor(level=7).compress(bytes(file))
+    _replace_like(remote, sid, victim, body)
+    (src / RECORD).unlink()
+    before = read_manifest(remote.client(), sid)
+    if listed_as == "other-file":
+        with pytest.raises(statelog.errors.RemoteError) as err:
+            ship(src, remote.url, client=remote.client())
+        assert victim.name in str(err.value) and err.value.hint
+    else:
+        result = ship(src, remote.url, client=remote.client())
+        assert not result.uploaded and not result.adopted
+    after = read_manifest(remote.client(), sid)
+    assert before is not None and after is not None
+    assert after.manifest.objects == before.manifest.objects

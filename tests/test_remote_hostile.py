@@ -7,7 +7,9 @@
 |   key; an unknown encoding, an encoded snapshot, |                                              |
 |   a decoded size over 1024 times the object's or |                                              |
 |   over 256 MiB,                                  |                                              |
-|   an encoded entry in a format-1 manifest        |                                              |
+|   an encoded entry in a format-1 manifest, one   |                                              |
+|   naming no decoded hash in a format-2 manifest, |                                              |
+|   a decoded hash that is not hex                 |                                              |
 | the same through ``statelog.open(remote=URL)``   | the same                                     |
 | a symlink where the staging directory goes       | NotAStoreError; the link's target untouched  |
 | a symlink planted inside staging mid-restore     | NotAStoreError; nothing written through it   |
@@ -55,7 +57,7 @@ from statelog.remote import (
 )
 from statelog.remote.checks import IDENTITY_LIMIT, MAX_ENCODED_FILE
 from statelog.remote.entry import Entry
-from statelog.remote.manifest import FORMAT, Manifest
+from statelog.remote.manifest import ENCODED_FORMAT, FORMAT, Manifest
 from statelog.remote.plan import Planner, plan_restore
 from tests.s3server import Remote, remote, s3  # noqa: F401
 from tests.test_remote import commit_range, res_id, state_of
@@ -177,6 +179,11 @@ def _format_1(doc: dict[str, Any], outside: Path) -> None:
     doc["format"] = FORMAT
 
 
+def _hashless_in_format_2(doc: dict[str, Any], outside: Path) -> None:
+    doc["format"] = ENCODED_FORMAT  # which requires each encoded entry's decoded hash
+    _first_wal(doc).pop("file_sha256", None)
+
+
 def _past_the_cap(doc: dict[str, Any], outside: Path) -> None:
     e = _first_wal(doc)  # within the ratio, one byte past the largest encoded file
     e["size"], e["file_size"] = 1 << 20, MAX_ENCODED_FILE + 1
@@ -197,6 +204,8 @@ HOSTILE = {
     "encoded-snapshot": _encoded_snapshot,
     "decodes-to-a-disk": _set("file_size", lambda e, o: 1025 * e["size"]),
     "encoded-in-format-1": _format_1,
+    "no-decoded-hash-in-format-2": _hashless_in_format_2,
+    "decoded-hash-not-hex": _set("file_sha256", lambda e, o: "z" * 64),
     "decodes-past-the-cap": _past_the_cap,
 }
 

@@ -15,6 +15,9 @@
 | the old writer still runs after a promotion       | its commits and its ships are refused        |
 | ``statelog promote COPY --source URL``            | exit 0 and the resume point; a later one     |
 |                                                   | fences the writer promoted before it         |
+| a standby restarted on its copy                   | nothing downloaded again; a copy file of the |
+|                                                   | right name and size but other bytes is       |
+|                                                   | downloaded again                             |
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from statelog.errors import FencedError, PromotionLostError, PromotionRefusedErr
 from statelog.kit.workload import Stream, run_commit, store_digest
 from statelog.remote import read_manifest, restore, ship
 from statelog.remote.record import load_record
+from statelog.replica.remote_mirror import RemoteSource
 from tests.s3server import Remote, remote, s3  # noqa: F401
 from tests.test_remote_wiring import env  # noqa: F401
 
@@ -56,6 +60,27 @@ def shipped_epoch(env: Remote, store: statelog.StateStore) -> int:  # noqa: F811
     cur = read_manifest(env.client(), store.store_id)
     assert cur is not None
     return cur.manifest.last_epoch
+
+
+def test_a_restarted_standby_downloads_only_what_its_copy_lacks(
+    tmp_path: Path,
+    env: Remote,  # noqa: F811
+) -> None:
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    with statelog.open(src, **SMALL) as w:
+        commit_range(w, 1, 60)
+    ship(src, env.url)
+    first = RemoteSource(env.url).mirror(copy)
+    assert first.copied_bytes > 0 and first.segments
+    again = RemoteSource(env.url).mirror(copy)  # a new process: it knows nothing it fetched
+    assert again.copied_bytes == 0 and not again.segments
+    victim = copy / first.segments[-1]
+    good = victim.read_bytes()
+    other = bytearray(good)
+    other[len(other) // 2] ^= 1  # same name and size, other bytes
+    victim.write_bytes(bytes(other))
+    third = RemoteSource(env.url).mirror(copy)
+    assert third.segments == [first.segments[-1]] and victim.read_bytes() == good
 
 
 def test_the_standby_is_the_model_at_each_shipped_epoch(tmp_path: Path, env: Remote) -> None:  # noqa: F811

@@ -34,7 +34,7 @@ from pathlib import Path
 from statelog.errors import NotAStoreError
 from statelog.format.snapshot import parse_snapshot_name, snapshot_name
 from statelog.format.wal import parse_segment_name, segment_name
-from statelog.remote.entry import Entry
+from statelog.remote.entry import BOUND_FORMAT, ENCODED_FORMAT, FORMAT, Entry
 from statelog.remote.errors import RemoteIntegrityError
 from statelog.remote.url import StoreKeys
 from statelog.storage.levels import MAX_DEPTH
@@ -137,11 +137,11 @@ def chain_problem(e: Entry) -> str | None:
 
 
 def check_entries(
-    manifest_key: str, store_id: uuid.UUID, entries: Iterable[Entry], *, encoded: bool = False
+    manifest_key: str, store_id: uuid.UUID, entries: Iterable[Entry], *, fmt: int = FORMAT
 ) -> None:
     """Refuse the MANIFEST if any entry breaks the grammar (module docstring).
 
-    :param encoded: the manifest's format allows encoded objects.
+    :param fmt: the manifest's format (which encodings its entries may use).
     :raises RemoteIntegrityError: naming ``manifest_key`` and the first bad entry.
     """
     keys = StoreKeys(store_id)
@@ -156,17 +156,19 @@ def check_entries(
         if why is None and not _SHA256.fullmatch(e.sha256):
             why = f"{e.key!r} has no SHA-256 of 64 lower-case hex digits"
         if why is None:
-            why = chain_problem(e) or encoding_problem(e, encoded)
+            why = chain_problem(e) or encoding_problem(e, fmt)
         if why is not None:
             raise RemoteIntegrityError(manifest_key, why, hint=_REFUSED)
 
 
-def encoding_problem(e: Entry, allowed: bool) -> str | None:
-    """Why ``e``'s encoding fields are not ones the shipper writes; None if they are.
+def encoding_problem(e: Entry, fmt: int) -> str | None:
+    """Why ``e``'s encoding fields are not ones a shipper writes in a manifest of format
+    ``fmt``; None if they are.
 
     Unencoded: no ``file_size`` or ``file_sha256``. Encoded (``zstd``, a
-    segment only, in a manifest whose format allows it): the file's SHA-256
-    in hex, and a file size of at most :data:`MAX_DECODE_RATIO` times the
+    segment only, from :data:`ENCODED_FORMAT` on): the file's SHA-256 in hex
+    (from :data:`BOUND_FORMAT` on, that or nothing), and a file size of at
+    most :data:`MAX_DECODE_RATIO` times the
     object's and at most :data:`MAX_ENCODED_FILE`, so a small object cannot
     claim to decode to a disk's worth. The shipper checks its own entries
     against the same rule and ships a segment that breaks it as it is.
@@ -175,11 +177,11 @@ def encoding_problem(e: Entry, allowed: bool) -> str | None:
         if e.file_size or e.file_sha256:
             return f"{e.key!r} is not encoded but names a decoded size or hash"
         return None
-    if not allowed:
+    if fmt < ENCODED_FORMAT:
         return f"{e.key!r} is encoded in a manifest of a format without encodings"
     if e.encoding != "zstd" or e.kind != "wal":
         return f"{e.key!r}: {e.kind} objects are not encoded as {e.encoding[:16]!r}"
-    if not _SHA256.fullmatch(e.file_sha256):
+    if (e.file_sha256 or fmt < BOUND_FORMAT) and not _SHA256.fullmatch(e.file_sha256):
         return f"{e.key!r} has no decoded SHA-256 of 64 lower-case hex digits"
     if not 0 < e.file_size <= min(MAX_DECODE_RATIO * e.size, MAX_ENCODED_FILE):
         return f"{e.key!r} claims to decode to {e.file_size} bytes from {e.size}"

@@ -7,7 +7,19 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["Entry"]
+__all__ = ["BOUND_FORMAT", "ENCODED_FORMAT", "FORMAT", "Entry"]
+
+FORMAT = 1
+"""The MANIFEST format whose objects are the files themselves."""
+ENCODED_FORMAT = 2
+"""The format of a manifest listing an encoded (compressed) object: older readers, which
+would take such an object for the file itself, refuse it at the format check. Each
+encoded entry names the decoded file's SHA-256."""
+BOUND_FORMAT = 3
+"""The format in which an encoded entry may leave ``file_sha256`` empty: decoding is a
+function of the object's bytes, which ``sha256`` binds, so a second hash over the
+decoded file adds no check (and cost the shipper a third of its time). Readers of
+format 2, which would require that hash, refuse it at the format check."""
 
 
 class Entry(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -43,7 +55,7 @@ class Entry(msgspec.Struct, frozen=True, omit_defaults=True):
     time_ms: int = 0  # snapshot: its time (statelog.compaction.window.meta_time); 0: not recorded
     encoding: str = ""  # wal: "" (the object is the file) or "zstd" (the file, compressed)
     file_size: int = 0  # encoded: the file's size once decoded
-    file_sha256: str = ""  # encoded: the file's SHA-256 once decoded, hex
+    file_sha256: str = ""  # encoded: the file's SHA-256 once decoded, hex ("": bound by sha256)
 
     @property
     def local_size(self) -> int:
@@ -52,5 +64,6 @@ class Entry(msgspec.Struct, frozen=True, omit_defaults=True):
 
     @property
     def local_sha256(self) -> str:
-        """The SHA-256 of the local file this object holds (``sha256`` unless encoded)."""
+        """The SHA-256 of the local file this object holds (``sha256`` unless encoded);
+        "" for an encoded object whose entry does not name it (:data:`BOUND_FORMAT`)."""
         return self.file_sha256 if self.encoding else self.sha256

@@ -49,12 +49,13 @@ import msgspec
 from statelog.errors import FencedError, RemoteError
 from statelog.remote.checks import MANIFEST_LIMIT, check_entries, check_garbage
 from statelog.remote.client import RemoteClient
-from statelog.remote.entry import Entry
+from statelog.remote.entry import BOUND_FORMAT, ENCODED_FORMAT, FORMAT, Entry
 from statelog.remote.errors import ConditionFailedError, RemoteIntegrityError, RemoteNotFoundError
 from statelog.remote.signing import KEY_ENV, sign, verify
 from statelog.remote.url import StoreKeys
 
 __all__ = [
+    "BOUND_FORMAT",
     "ENCODED_FORMAT",
     "FORMAT",
     "Manifest",
@@ -71,10 +72,7 @@ __all__ = [
 
 log = logging.getLogger("statelog.remote")
 
-FORMAT = 1
-ENCODED_FORMAT = 2
-"""The format of a manifest listing an encoded (compressed) object: older readers, which
-would take such an object for the file itself, refuse it at the format check."""
+_FORMATS = (FORMAT, ENCODED_FORMAT, BOUND_FORMAT)
 _ROUNDS = 20  # conditional-write rounds before giving up on a busy manifest
 
 
@@ -133,9 +131,9 @@ def _decode(key: str, data: bytes, secret: bytes | None) -> Manifest:
         m = msgspec.json.decode(body, type=Manifest)
     except (msgspec.DecodeError, RecursionError) as exc:  # nesting too deep: crafted
         raise RemoteIntegrityError(key, f"manifest does not decode: {exc}") from exc
-    if m.format not in (FORMAT, ENCODED_FORMAT):
+    if m.format not in _FORMATS:
         raise RemoteError(
-            f"{key}: manifest format {m.format}, this statelog reads {FORMAT} and {ENCODED_FORMAT}",
+            f"{key}: manifest format {m.format}, this statelog reads {FORMAT} to {BOUND_FORMAT}",
             hint="upgrade statelog on this host; nothing was changed",
         )
     if secret is not None and not (m.signature and verify(secret, canonical(m), m.signature)):
@@ -166,7 +164,7 @@ def read_manifest(client: RemoteClient, store_id: uuid.UUID) -> Versioned | None
     m = _decode(keys.manifest, got.data, client.key)
     if m.store_id != str(store_id):
         raise RemoteIntegrityError(keys.manifest, f"manifest of store {m.store_id}")
-    check_entries(keys.manifest, store_id, m.objects, encoded=m.format >= ENCODED_FORMAT)
+    check_entries(keys.manifest, store_id, m.objects, fmt=m.format)
     check_garbage(keys.manifest, store_id, m.garbage)
     return Versioned(m, got.etag or "")
 
@@ -365,7 +363,7 @@ def commit(
         write_id = secrets.token_hex(12)
         new = msgspec.structs.replace(changed, write_id=write_id, updated_ms=_now_ms())
         # Never publish what every reader would refuse: the same checks as a read.
-        check_entries(keys.manifest, store_id, new.objects, encoded=new.format >= ENCODED_FORMAT)
+        check_entries(keys.manifest, store_id, new.objects, fmt=new.format)
         try:
             client.put_if_match(keys.manifest, new.encode(client.key), cur.etag)
             return new

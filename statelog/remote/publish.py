@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +22,8 @@ import msgspec
 
 from statelog.errors import FencedError, RemoteError
 from statelog.remote.client import RemoteClient
-from statelog.remote.entry import Entry
-from statelog.remote.manifest import ENCODED_FORMAT, Manifest, commit, read_manifest
+from statelog.remote.entry import BOUND_FORMAT, ENCODED_FORMAT, FORMAT, Entry
+from statelog.remote.manifest import Manifest, commit, read_manifest
 from statelog.remote.plan import plan_restore
 from statelog.remote.record import Shipped
 from statelog.remote.upload import Uploader
@@ -109,11 +109,19 @@ def _upload(found: Found, folder: str, up: Uploader, book: Published) -> list[En
     return new
 
 
+def _format_needed(objects: Iterable[Entry]) -> int:
+    """The oldest manifest format that can list ``objects``."""
+    encoded = [e for e in objects if e.encoding]
+    if any(not e.file_sha256 for e in encoded):
+        return BOUND_FORMAT
+    return ENCODED_FORMAT if encoded else FORMAT
+
+
 def with_entries(cur: Manifest, new: list[Entry], identity_sha: str) -> Manifest:
     """``cur`` listing ``new`` too (once each), its ``last_epoch`` recomputed."""
     present = {e.key for e in cur.objects}
     objects = cur.objects + tuple(e for e in new if e.key not in present)
-    fmt = ENCODED_FORMAT if any(e.encoding for e in objects) else cur.format
+    fmt = max(cur.format, _format_needed(objects))
     m = msgspec.structs.replace(cur, objects=objects, identity_sha256=identity_sha, format=fmt)
     plan = plan_restore(m)
     return msgspec.structs.replace(m, last_epoch=plan.epoch if plan else 0)

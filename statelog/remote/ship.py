@@ -61,8 +61,8 @@ from statelog.log.reader import StopKind, peek_generation, peek_seal, scan_segme
 from statelog.log.segments import list_segments
 from statelog.remote.checks import encoding_problem
 from statelog.remote.client import RemoteClient
-from statelog.remote.encoding import as_encoded, encode_segment
-from statelog.remote.entry import Entry
+from statelog.remote.encoding import as_encoded, as_raw, encode_segment
+from statelog.remote.entry import BOUND_FORMAT, Entry
 from statelog.remote.errors import RemoteNotFoundError
 from statelog.remote.manifest import (
     Manifest,
@@ -186,16 +186,16 @@ def _segments(
                      rel, written_by, gen)  # fmt: skip
         highest = max(highest, written_by)
         h, obj = scan.header, encode_segment(data)
-        e = Entry(
+        e = as_encoded(Entry(
             key=StoreKeys(sid).segment(gen, path.name), kind="wal", name=path.name,
-            sha256=hashlib.sha256(data).hexdigest(), size=len(data), generation=gen,
+            sha256="", size=0, generation=gen,
             sequence=h.sequence, first_lsn=h.first_lsn, prev_crc=h.prev_crc,
             last_lsn=scan.sealed_lsn, end_crc=scan.end_crc,
-        )  # fmt: skip
-        if encoding_problem(encoded := as_encoded(e, obj), True) is None:
-            yield encoded, obj
+        ), obj, len(data))  # fmt: skip
+        if encoding_problem(e, BOUND_FORMAT) is None:
+            yield e, obj
         else:  # beyond what a reader accepts (too large, or compressing too far): as it is
-            yield e, bytes(data)
+            yield as_raw(e, data), bytes(data)
 
 
 def _generation_of(path: Path) -> int:

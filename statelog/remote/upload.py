@@ -11,16 +11,15 @@ case the entry added to the manifest describes the object that is there.
 from __future__ import annotations
 
 import hashlib
-import io
 
 import msgspec
 
 from statelog.errors import RemoteError
 from statelog.remote.checks import encoding_problem
 from statelog.remote.client import RemoteClient
-from statelog.remote.encoding import decode_object
-from statelog.remote.entry import Entry
-from statelog.remote.errors import ObjectExistsError, RemoteIntegrityError
+from statelog.remote.encoding import decode_to_bytes
+from statelog.remote.entry import BOUND_FORMAT, Entry
+from statelog.remote.errors import ObjectExistsError, RemoteIntegrityError, RemoteNotFoundError
 from statelog.remote.manifest import Manifest
 from statelog.remote.url import StoreKeys
 
@@ -52,7 +51,7 @@ class Uploader:
             self.client.put_new(key, data, metadata={"statelog-generation": str(self.gen)})
         except ObjectExistsError:
             theirs = self.client.head_sha256(key)
-            found = e if theirs == sha else self._same_file(e)
+            found = e if theirs == sha else self._same_file(e, data)
             if found is None:
                 raise RemoteError(
                     f"{key} exists with sha256 {theirs}, ours is {sha}",
@@ -65,27 +64,46 @@ class Uploader:
         self.bytes += len(data)
         return e
 
-    def _same_file(self, e: Entry | None) -> Entry | None:
-        """The entry of the object at ``e.key`` if it holds ``e``'s file raw or encoded
-        (read to at most the file's size plus a frame's slack); else None."""
+    def _same_file(self, e: Entry | None, ours: bytes) -> Entry | None:
+        """The entry of the object at ``e.key`` if it holds the file of ``e`` (whose
+        object is ``ours``) raw or encoded otherwise (read to at most the file's size
+        plus a frame's slack); else None."""
         if e is None or not e.encoding:
             return None
         try:
             body = self.client.get(e.key, limit=e.file_size + _FRAME_SLACK).data
         except RemoteIntegrityError:
             return None
+        file = decode_to_bytes(e, ours)
         sha = hashlib.sha256(body).hexdigest()
-        if sha == e.file_sha256 and len(body) == e.file_size:
+        if body == file:
             return msgspec.structs.replace(
                 e, sha256=sha, size=len(body), encoding="", file_size=0, file_sha256=""
             )
+        found = msgspec.structs.replace(e, sha256=sha, size=len(body))
+        if encoding_problem(found, BOUND_FORMAT) is not None:
+            return None
         try:
-            decode_object(e.key, io.BytesIO(body), io.BytesIO(), size=e.file_size,
-                          sha256=e.file_sha256)  # fmt: skip
+            return found if decode_to_bytes(found, body) == file else None
         except RemoteIntegrityError:
             return None
-        found = msgspec.structs.replace(e, sha256=sha, size=len(body))
-        return found if encoding_problem(found, True) is None else None
+
+    def _listed_holds(self, listed: Entry, e: Entry, data: bytes) -> bool:
+        """Whether ``listed`` holds the same file as ``e`` (whose object is ``data``),
+        each raw or encoded: by hash where the entries tell, else by downloading
+        ``listed``'s object (an entry of :data:`BOUND_FORMAT` names no file hash)."""
+        if listed.sha256 == e.sha256 or listed.local_sha256 == e.local_sha256 != "":
+            return True
+        file = decode_to_bytes(e, data) if e.encoding else data
+        if listed.local_sha256:
+            return hashlib.sha256(file).hexdigest() == listed.local_sha256
+        try:
+            body = self.client.get(listed.key, limit=listed.size).data
+            return hashlib.sha256(body).hexdigest() == listed.sha256 and (
+                decode_to_bytes(listed, body) == file
+            )
+        except (RemoteIntegrityError, RemoteNotFoundError):
+            return False
 
     def entry(self, e: Entry, data: bytes) -> Entry | None:
         """Ship ``data`` as ``e`` unless the manifest lists it already; the entry to add.
@@ -97,7 +115,7 @@ class Uploader:
         """
         listed = self.known.get((e.kind, e.name))
         if listed is not None:
-            if listed.local_sha256 == e.local_sha256:  # the same file, encoded or not
+            if self._listed_holds(listed, e, data):
                 return None
             if listed.generation >= self.gen:
                 raise RemoteError(

@@ -30,7 +30,6 @@ standby's recovery of the copy verifies it as any read does.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 import uuid
@@ -48,6 +47,7 @@ from statelog.errors import (
 from statelog.log.segments import list_segments
 from statelog.remote.checks import Confined
 from statelog.remote.client import RemoteClient
+from statelog.remote.encoding import holds_file
 from statelog.remote.entry import Entry
 from statelog.remote.errors import RemoteIntegrityError, RemoteNotFoundError
 from statelog.remote.manifest import Manifest, acquire_after, read_manifest
@@ -200,11 +200,7 @@ def _present(src: RemoteSource, dest: Path, e: Entry) -> bool:
         return False
     if src.held.get(e.name) == e.key:
         return True
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    if h.hexdigest() != e.local_sha256:
+    if not holds_file(path, e):
         return False
     src.held[e.name] = e.key
     return True
