@@ -37,8 +37,10 @@ import zstandard
 
 import statelog
 from statelog.remote import read_manifest, restore, ship
+from statelog.remote.client import RemoteClient
 from statelog.remote.entry import Entry
 from statelog.remote.manifest import BOUND_FORMAT, ENCODED_FORMAT, FORMAT
+from statelog.remote.publish import with_entries
 from statelog.remote.record import RECORD
 from statelog.remote.url import StoreKeys
 from tests.s3server import Remote, remote, s3  # noqa: F401
@@ -150,10 +152,27 @@ def test_a_bucket_a_format_2_shipper_wrote_restores_and_its_hashes_are_checked(
     assert all(e.file_sha256 for e in cur.manifest.segments)
     res = restore(remote.url, tmp_path / "dst", client=remote.client())
     assert res.epoch == 250 and not res.rejected and state_of(tmp_path / "dst") == state_of(src)
-    victim = _flipped_newest(src, remote, sid)  # the entry keeps its decoded hash
+    commit_range(src, 250, 300)  # the next ship raises the format, never lowers it
+    ship(src, remote.url, client=remote.client())
+    cur = read_manifest(remote.client(), sid)
+    assert cur is not None and cur.manifest.format == BOUND_FORMAT
+    assert with_entries(cur.manifest, [], "").format == BOUND_FORMAT
+    hashed = [e for e in cur.manifest.segments if e.file_sha256]
+    assert hashed and len(hashed) < len(cur.manifest.segments)  # the old entries kept
+    res = restore(remote.url, tmp_path / "later", client=remote.client())
+    assert res.epoch == 300 and state_of(tmp_path / "later") == state_of(src)
+    victim = _flipped_newest(src, remote, sid)
     res = restore(remote.url, tmp_path / "again", client=remote.client())
     assert [k for k, _ in res.rejected] == [victim.key]
-    assert "other bytes" in res.rejected[0][1] and res.epoch == victim.first_lsn - 1
+    assert "checksum mismatch" in res.rejected[0][1] and res.epoch == victim.first_lsn - 1
+    older = next(e for e in reversed(hashed) if e.first_lsn > 1)  # one that names its hash
+    raw = bytearray((src / "wal" / older.name).read_bytes())
+    raw[len(raw) // 2] ^= 1
+    _replace_like(remote, sid, older, zstandard.ZstdCompressor().compress(bytes(raw)))
+    res = restore(remote.url, tmp_path / "third", client=remote.client())
+    assert older.key in [k for k, _ in res.rejected]
+    why = dict(res.rejected)[older.key]
+    assert "other bytes" in why and res.epoch == older.first_lsn - 1
 
 
 def test_a_bucket_an_older_shipper_wrote_still_restores(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
@@ -284,31 +303,60 @@ def test_an_upload_of_another_file_at_our_key_is_not_adopted(
     assert remote.client().get(key).data == body  # never overwritten
 
 
-@pytest.mark.parametrize("listed_as", ["same-file", "other-file"])
+LISTED_AS = {  # how the manifest lists a file: same file?, read its object?
+    "same-file": (True, True),
+    "other-file": (False, True),
+    "same-file-hash-named": (True, False),
+    "other-file-hash-named": (False, False),
+    "size-past-the-file": (False, False),  # a hostile size never sizes a read
+}
+
+
+@pytest.mark.parametrize("listed_as", sorted(LISTED_AS))
 def test_a_store_without_its_ship_record_recognises_what_is_listed(
     tmp_path: Path,
     remote: Remote,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
     listed_as: str,
 ) -> None:
+    same, read = LISTED_AS[listed_as]
     src = tmp_path / "src"
     commit_range(src, 0, 120)
     ship(src, remote.url, client=remote.client())
     sid = res_id(src)
     victim = _wal(remote, sid)[0]
     file = bytearray((src / "wal" / victim.name).read_bytes())
-    if listed_as == "other-file":
+    if not same and listed_as != "size-past-the-file":
         file[len(file) // 2] ^= 1
     body = zstandard.ZstdCompressor(level=7).compress(bytes(file))
     _replace_like(remote, sid, victim, body)
+
+    def relisted(doc: dict[str, Any]) -> None:
+        e = next(e for e in doc["objects"] if e["key"] == victim.key)
+        if listed_as.endswith("hash-named"):
+            e["file_sha256"] = _sha(bytes(file))
+        if listed_as == "size-past-the-file":
+            e["size"] = 1 << 40
+
+    forge_manifest(remote, sid, relisted)
     (src / RECORD).unlink()
     before = read_manifest(remote.client(), sid)
-    if listed_as == "other-file":
+    gets: list[str] = []
+    real_get = RemoteClient.get
+
+    def get(self: RemoteClient, key: str, **kw: Any) -> Any:
+        gets.append(key)
+        return real_get(self, key, **kw)
+
+    monkeypatch.setattr(RemoteClient, "get", get)
+    if not same:
         with pytest.raises(statelog.errors.RemoteError) as err:
             ship(src, remote.url, client=remote.client())
         assert victim.name in str(err.value) and err.value.hint
     else:
         result = ship(src, remote.url, client=remote.client())
         assert not result.uploaded and not result.adopted
+    assert (victim.key in gets) == read
     after = read_manifest(remote.client(), sid)
     assert before is not None and after is not None
     assert after.manifest.objects == before.manifest.objects

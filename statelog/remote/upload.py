@@ -91,12 +91,20 @@ class Uploader:
     def _listed_holds(self, listed: Entry, e: Entry, data: bytes) -> bool:
         """Whether ``listed`` holds the same file as ``e`` (whose object is ``data``),
         each raw or encoded: by hash where the entries tell, else by downloading
-        ``listed``'s object (an entry of :data:`BOUND_FORMAT` names no file hash)."""
-        if listed.sha256 == e.sha256 or listed.local_sha256 == e.local_sha256 != "":
+        ``listed``'s object (an entry of :data:`BOUND_FORMAT` names no file hash), read
+        only if it is no larger than the file plus a frame's slack: the manifest is
+        untrusted, and a size it names must not size a read."""
+        if listed.local_size != e.local_size:
+            return False
+        if listed.local_sha256 == e.local_sha256 != "" or (
+            (listed.sha256, listed.encoding) == (e.sha256, e.encoding)
+        ):
             return True
         file = decode_to_bytes(e, data) if e.encoding else data
         if listed.local_sha256:
             return hashlib.sha256(file).hexdigest() == listed.local_sha256
+        if listed.size > len(file) + _FRAME_SLACK:
+            return False
         try:
             body = self.client.get(listed.key, limit=listed.size).data
             return hashlib.sha256(body).hexdigest() == listed.sha256 and (
