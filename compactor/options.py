@@ -50,8 +50,12 @@ EXIT_LOCKED = EXIT_BUSY
 """Another compactor holds a store (4)."""
 EXIT_FENCED = EXIT_BUSY
 """``--remote``: another host took a store over (4)."""
-PASS_NICE = 0
-"""``--nice``'s default: how many steps nicer than the daemon its passes run."""
+PASS_NICE = 10
+"""``--nice``'s default: how many steps nicer than the daemon its passes run. A pass is
+background work that takes every cycle it gets; nicer, a busy writer's commits and the
+ship process (which keeps the daemon's priority) come first, and the passes take what
+they leave, so the ship process's cycles come out of the passes' share, not the
+writer's."""
 
 _EPILOG = (
     EXIT_CODES_HELP
@@ -209,7 +213,7 @@ def _add_pass_options(p: argparse.ArgumentParser) -> None:
         type=_bounded(0, int, 19),
         default=PASS_NICE,
         metavar="N",
-        help=f"run the passes N steps nicer than the daemon, 0-19 ({PASS_NICE}: its own "
+        help=f"run the passes N steps nicer than the daemon, 0-19 ({PASS_NICE}; 0: its own "
         "priority): under load the writers and the shipping keep more of the cores, and "
         "the log after the newest snapshot grows",
     )
