@@ -50,7 +50,7 @@ EXIT_LOCKED = EXIT_BUSY
 """Another compactor holds a store (4)."""
 EXIT_FENCED = EXIT_BUSY
 """``--remote``: another host took a store over (4)."""
-PASS_NICE = 10
+PASS_NICE = 5
 """``--nice``'s default: how many steps nicer than the daemon its passes run. A pass is
 background work that takes every cycle it gets; nicer, a busy writer's commits and the
 ship process (which keeps the daemon's priority) come first, and the passes take what

@@ -18,9 +18,10 @@ processes against the tests' S3 server; the host is lost by SIGKILLing both.
 | the ship process killed                             | the next ``ship`` starts it again         |
 | a ship that fails                                   | ShipFailedError with its exit status      |
 | the daemon SIGKILLed                                | its ship process ends by itself           |
-| the daemon running with ``--nice 10``               | its passes' thread 10 steps nicer, its    |
-|                                                     | ship process at the daemon's priority,    |
-|                                                     | one started again too                     |
+| the daemon running with ``--nice 10``, ``--nice 3`` | its passes' thread that many steps nicer  |
+|   or no ``--nice`` (``PASS_NICE`` steps)            |   its ship process at the daemon's        |
+|                                                     | priority, one started again too           |
+| the daemon running with ``--nice 0``                | the passes at the daemon's priority       |
 | the ship process lost between passes                | started again at once, and it ships every |
 |                                                     | store the lost one shipped                |
 | a round ship of store B meets a takeover            | the daemon exits 4 naming B, not the      |
@@ -55,6 +56,7 @@ import pytest
 import statelog
 from compactor.daemon import nicer
 from compactor.idle import local_state
+from compactor.options import PASS_NICE
 from compactor.shipping import IDLE_RECHECK, ShipFailedError, ShipLoop
 from statelog.remote import LagCollector, lag, restore, ship
 from statelog.storage.fileio import FileLayer
@@ -320,15 +322,24 @@ def _nice(pid: int, tid: int | None = None) -> int:
     return int(stat.rsplit(")", 1)[1].split()[16])  # field 19 of proc(5): nice
 
 
-def test_the_passes_run_nicer_than_the_shipping(tmp_path: Path, remote: Remote) -> None:  # noqa: F811
-    """With ``--nice``, a pass takes what the writers leave; the ship process keeps the
-    daemon's priority."""
+@pytest.mark.parametrize(
+    ("args", "steps"),
+    [(["--nice", "10"], 10), ([], PASS_NICE), (["--nice", "3"], 3), (["--nice", "0"], 0)],
+)
+def test_the_passes_run_nicer_than_the_shipping(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    args: list[str],
+    steps: int,
+) -> None:
+    """With ``--nice`` (:data:`PASS_NICE` unless set), a pass takes what the writers leave; the ship
+    process keeps the daemon's priority."""
     store = tmp_path / "store"
     _commit(store, 1)
     own = os.getpriority(os.PRIO_PROCESS, 0)
-    with _process(_daemon(store, remote, "--nice", "10"), env=remote.server.env()) as daemon:
+    with _process(_daemon(store, remote, *args), env=remote.server.env()) as daemon:
         _wait("the ship process", lambda: _children(daemon.pid))
-        _wait("the passes' thread made nicer", lambda: _nice(daemon.pid) == min(19, own + 10))
+        _wait("the passes' thread's priority", lambda: _nice(daemon.pid) == min(19, own + steps))
         (child,) = _children(daemon.pid)
         assert _nice(child) == own
 
