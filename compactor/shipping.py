@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -101,17 +102,23 @@ class ShipLoop:
         self._proc: subprocess.Popen[bytes] | None = None
         self._stores: list[Path] = []
         self._nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        # Every child is spawned by this one thread, made on the first start (before the
+        # daemon makes the passes' thread nicer): a child started again from a pass keeps
+        # the daemon's priority, which an unprivileged child could not take back.
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ship-spawner")
 
     def start(self) -> None:
         """Start the child process (``python -P -m compactor.shipping FD``: no directory
         of the caller's shadows the installed package), the options, the stores and the
-        daemon's priority sent over the socket ``FD``; it inherits the blocked stop signals."""
+        daemon's priority sent over the socket ``FD``; it inherits the blocked stop signals
+        and the priority of the thread that first called this."""
         ours, theirs = socket.socketpair()
         with ours, theirs:
-            proc = subprocess.Popen(
+            proc = self._spawner.submit(
+                subprocess.Popen,
                 [sys.executable, "-P", "-m", "compactor.shipping", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-            )  # fmt: skip
+            ).result()  # fmt: skip
             conn = Connection(ours.detach())
         self._conn, self._proc = conn, proc
         conn.send((self._args, [str(p) for p in self._stores], self._nice))
@@ -337,11 +344,13 @@ def _main(argv: list[str]) -> None:
     handler.setFormatter(KeyValueFormatter())
     logging.getLogger("statelog").addHandler(handler)
     logging.getLogger("statelog").setLevel(args.log_level)
-    if os.getpriority(os.PRIO_PROCESS, 0) != nice:  # started again from the passes' thread
+    if os.getpriority(os.PRIO_PROCESS, 0) != nice:  # not spawned at the daemon's priority
         try:
             os.setpriority(os.PRIO_PROCESS, 0, nice)
         except OSError as exc:  # raising a priority needs privilege
             log.warning("%s", kv(event="nice_refused", nice=nice, error=str(exc)))
+        else:
+            log.info("%s", kv(event="ship_priority_restored", nice=nice))
     _serve(conn, args, [Path(p) for p in stores])
 
 
