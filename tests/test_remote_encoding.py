@@ -219,10 +219,9 @@ def test_a_segment_compressing_past_the_readers_ratio_ships_as_it_is(
     assert res.epoch == 2 and state_of(tmp_path / "dst") == state_of(src)
 
 
-def test_a_raw_upload_whose_commit_never_landed_is_adopted(
-    tmp_path: Path,
-    remote: Remote,  # noqa: F811
-) -> None:
+def _sealed_unshipped(tmp_path: Path, remote: Remote) -> tuple[Path, uuid.UUID, int, list[Path]]:  # noqa: F811
+    """A shipped store with sealed segments committed since: the store, its id, the
+    shipping generation and those segments."""
     src = tmp_path / "src"
     commit_range(src, 0, 60)
     ship(src, remote.url, client=remote.client())
@@ -231,16 +230,34 @@ def test_a_raw_upload_whose_commit_never_landed_is_adopted(
     commit_range(src, 60, 120)
     fresh = [p for p in sorted((src / "wal").glob("*.wal")) if p.name not in shipped][:-1]
     assert fresh  # sealed segments not shipped yet (the last one is the active segment)
-    gen = _wal(remote, sid)[0].generation
-    for p in fresh:  # uploaded raw by an older statelog that died before its manifest commit
-        body = p.read_bytes()
-        put_object(remote, StoreKeys(sid).segment(gen, p.name), body, sha=_sha(body))
+    return src, sid, _wal(remote, sid)[0].generation, fresh
+
+
+UPLOADED_AS = {  # how an earlier upload holds the file: its object, and the entry's encoding
+    "raw": lambda file: file,  # by an older statelog
+    "compressed-otherwise": zstandard.ZstdCompressor(level=7).compress,  # another version
+}
+
+
+@pytest.mark.parametrize("uploaded_as", sorted(UPLOADED_AS))
+def test_an_upload_whose_commit_never_landed_is_adopted(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    uploaded_as: str,
+) -> None:
+    src, sid, gen, fresh = _sealed_unshipped(tmp_path, remote)
+    theirs = {p.name: UPLOADED_AS[uploaded_as](p.read_bytes()) for p in fresh}
+    for p in fresh:  # uploaded by a shipper that died before its manifest commit
+        put_object(
+            remote, StoreKeys(sid).segment(gen, p.name), theirs[p.name], sha=_sha(theirs[p.name])
+        )
     result = ship(src, remote.url, client=remote.client())
     assert sorted(result.adopted) == sorted(StoreKeys(sid).segment(gen, p.name) for p in fresh)
     by_name = {e.name: e for e in _wal(remote, sid)}
     for p in fresh:
-        e = by_name[p.name]
-        assert (e.encoding, e.size, e.sha256) == ("", p.stat().st_size, _sha(p.read_bytes()))
+        e, body = by_name[p.name], theirs[p.name]
+        assert (e.sha256, e.size, e.local_size) == (_sha(body), len(body), p.stat().st_size)
+        assert e.encoding == ("" if uploaded_as == "raw" else "zstd")
     res = restore(remote.url, tmp_path / "dst", client=remote.client())
     assert not res.rejected and state_of(tmp_path / "dst") == state_of(src)
 
@@ -249,53 +266,16 @@ def _sha(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
-def test_an_upload_compressed_otherwise_whose_commit_never_landed_is_adopted(
-    tmp_path: Path,
-    remote: Remote,  # noqa: F811
-) -> None:
-    src = tmp_path / "src"
-    commit_range(src, 0, 60)
-    ship(src, remote.url, client=remote.client())
-    sid = res_id(src)
-    shipped = {e.name for e in _wal(remote, sid)}
-    commit_range(src, 60, 120)
-    fresh = [p for p in sorted((src / "wal").glob("*.wal")) if p.name not in shipped][:-1]
-    assert fresh
-    gen = _wal(remote, sid)[0].generation
-    theirs = {}
-    for p in fresh:  # the same files, framed by another zstandard version or level
-        body = zstandard.ZstdCompressor(level=7).compress(p.read_bytes())
-        theirs[p.name] = body
-        put_object(remote, StoreKeys(sid).segment(gen, p.name), body, sha=_sha(body))
-    result = ship(src, remote.url, client=remote.client())
-    assert sorted(result.adopted) == sorted(StoreKeys(sid).segment(gen, p.name) for p in fresh)
-    by_name = {e.name: e for e in _wal(remote, sid)}
-    for p in fresh:
-        e = by_name[p.name]
-        assert (e.encoding, e.sha256, e.file_size) == (
-            "zstd",
-            _sha(theirs[p.name]),
-            p.stat().st_size,
-        )
-    res = restore(remote.url, tmp_path / "dst", client=remote.client())
-    assert not res.rejected and state_of(tmp_path / "dst") == state_of(src)
-
-
 def test_an_upload_of_another_file_at_our_key_is_not_adopted(
     tmp_path: Path,
     remote: Remote,  # noqa: F811
 ) -> None:
-    src = tmp_path / "src"
-    commit_range(src, 0, 60)
-    ship(src, remote.url, client=remote.client())
-    sid = res_id(src)
-    shipped = {e.name for e in _wal(remote, sid)}
-    commit_range(src, 60, 120)
-    p = next(p for p in sorted((src / "wal").glob("*.wal")) if p.name not in shipped)
+    src, sid, gen, fresh = _sealed_unshipped(tmp_path, remote)
+    p = fresh[0]
     other = bytearray(p.read_bytes())
     other[len(other) // 2] ^= 1
     body = zstandard.ZstdCompressor(level=7).compress(bytes(other))
-    key = StoreKeys(sid).segment(_wal(remote, sid)[0].generation, p.name)
+    key = StoreKeys(sid).segment(gen, p.name)
     put_object(remote, key, body, sha=_sha(body))
     with pytest.raises(statelog.errors.RemoteError) as err:
         ship(src, remote.url, client=remote.client())
