@@ -74,19 +74,15 @@ class Uploader:
             body = self.client.get(e.key, limit=e.file_size + _FRAME_SLACK).data
         except RemoteIntegrityError:
             return None
-        file = decode_to_bytes(e, ours)
-        sha = hashlib.sha256(body).hexdigest()
-        if body == file:
-            return msgspec.structs.replace(
-                e, sha256=sha, size=len(body), encoding="", file_size=0, file_sha256=""
-            )
-        found = msgspec.structs.replace(e, sha256=sha, size=len(body))
-        if encoding_problem(found, BOUND_FORMAT) is not None:
-            return None
-        try:
-            return found if decode_to_bytes(found, body) == file else None
-        except RemoteIntegrityError:
-            return None
+        file, sha = decode_to_bytes(e, ours), hashlib.sha256(body).hexdigest()
+        raw = msgspec.structs.replace(
+            e, sha256=sha, size=len(body), encoding="", file_size=0, file_sha256=""
+        )
+        encoded = msgspec.structs.replace(e, sha256=sha, size=len(body))
+        for found in (raw, encoded):
+            if encoding_problem(found, BOUND_FORMAT) is None and _holds(found, body, file):
+                return found
+        return None
 
     def _listed_holds(self, listed: Entry, e: Entry, data: bytes) -> bool:
         """Whether ``listed`` holds the same file as ``e`` (whose object is ``data``),
@@ -107,11 +103,9 @@ class Uploader:
             return False
         try:
             body = self.client.get(listed.key, limit=listed.size).data
-            return hashlib.sha256(body).hexdigest() == listed.sha256 and (
-                decode_to_bytes(listed, body) == file
-            )
         except (RemoteIntegrityError, RemoteNotFoundError):
             return False
+        return hashlib.sha256(body).hexdigest() == listed.sha256 and _holds(listed, body, file)
 
     def entry(self, e: Entry, data: bytes) -> Entry | None:
         """Ship ``data`` as ``e`` unless the manifest lists it already; the entry to add.
@@ -131,3 +125,14 @@ class Uploader:
                     hint="this store and the remote diverged; restore it from the remote",
                 )
         return self.put(e.key, data, e.sha256, e)
+
+
+def _holds(e: Entry, body: bytes, file: bytes) -> bool:
+    """Whether ``body``, the object of ``e``, holds the file ``file`` (decoded, if ``e``
+    is encoded; a frame that does not decode holds nothing)."""
+    if not e.encoding:
+        return body == file
+    try:
+        return decode_to_bytes(e, body) == file
+    except RemoteIntegrityError:
+        return False
