@@ -77,6 +77,9 @@ class Sizes:
     sustained: tuple[tuple[int, float, int | None, float], ...]
     """(keys, seconds, the writer's overlay bound in MiB or None, the compactor's interval
     in seconds) of the sustained-load suite (``bench_sustained.py``)."""
+    overlay: tuple[int, int, tuple[int, ...]]
+    """(keys, entries per generation, generation counts) of the overlay suite
+    (``bench_overlay.py``)."""
 
 
 LARGE = ("statelog", "statelog-group", "lmdb", "rocksdb")
@@ -96,6 +99,7 @@ SIZES = {
         pit_keys=2_000, pit_checkpoints=20, pit_window=(4.0, 1.0, 0.5),
         engine_events=2_000, engine_entities=500,
         sustained=((2_000, 1.0, None, 1.0), (2_000, 1.0, 16, 1.0), (2_000, 1.0, 16, 30.0)),
+        overlay=(2_000, 100, (2, 8)),
     ),
     "quick": Sizes(
         commit_keys=(10_000, 100_000), commit_updates=10_000, rounds=20, json_rounds=5,
@@ -109,6 +113,7 @@ SIZES = {
         pit_keys=100_000, pit_checkpoints=60, pit_window=(40.0, 15.0, 1.0),
         engine_events=60_000, engine_entities=20_000,
         sustained=((100_000, 20.0, None, 1.0), (100_000, 20.0, 32, 1.0)),
+        overlay=(100_000, 6_000, (8, 32, 64)),
     ),
     "full": Sizes(
         commit_keys=(10_000, 100_000, 1_000_000), commit_updates=10_000, rounds=50,
@@ -127,6 +132,7 @@ SIZES = {
             (1_000_000, 120.0, None, 1.0), (1_000_000, 120.0, 32, 1.0),
             (1_000_000, 60.0, 32, 30.0), (10_000_000, 600.0, 24, 1.0),
         ),
+        overlay=(1_000_000, 60_000, (16, 32, 64, 128)),
     ),
 }
 # fmt: on

@@ -23,7 +23,7 @@ from .probe import percentile
 from .render_anchors import anchors_section
 from .render_build import build_section
 from .render_engines import engines_section
-from .render_pass import pass_section, sustained_section
+from .render_pass import overlay_section, pass_section, sustained_section
 from .render_pit import pit_section
 from .render_standby import standby_section
 from .render_text import Doc, ms, rate, ratio, size, table
@@ -401,7 +401,8 @@ def render(doc: Doc, out_dir: Path, kept: str = "") -> str:
     for section in (targets_section, tradeoff_section, commit_section, restart_section):
         out += section(doc)
     for section in (
-        compaction_section, pass_section, sustained_section, memory_section, remote_section,
+        compaction_section, pass_section, sustained_section, overlay_section,
+        memory_section, remote_section,
         build_section, standby_section, pit_section, engines_section, anchors_section,
     ):  # fmt: skip
         out += section(doc)

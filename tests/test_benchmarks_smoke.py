@@ -39,6 +39,7 @@ def test_every_suite_runs_once_at_tiny_sizes(tmp_path: Path) -> None:
     expected += 3 * len(tiny.build_keys) + sum(k <= 1_000_000 for k in tiny.build_keys)
     expected += 3 * len(tiny.pass_keys)  # pass cost: a delta pass, a later one, a full one
     expected += len(tiny.sustained)  # sustained load with the compactor
+    expected += len(tiny.overlay[2])  # the overlay's reads and merges
     expected += len(tiny.standby_keys) + 1 + 2  # failover per size, the changes feed, lag x2
     expected += 3  # point in time: views, and the retention window (local, s3)
     expected += 2 + 3  # stream processors: Quix throughput (with, without changelogs), recovery

@@ -5,24 +5,41 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
+import pytest
+
 from statelog.format.records import encode_value
-from statelog.state.live import MAX_GENERATIONS, Generation, LiveState
+from statelog.state.live import MAX_GENERATIONS, MAX_HELD_GENERATIONS, Generation, LiveState
 from statelog.storage.builder import ImageBuilder
 from statelog.storage.image import BaseLevel
 
+# Where merges happen: at the roll (a store whose rolls pass ``hold``), or at the reads
+# after rolls (the default: a roll past the read limit merges nothing by itself).
+MERGED_AT = {"roll": MAX_GENERATIONS, "read": MAX_HELD_GENERATIONS}
 
-def test_delete_survives_a_generation_merge_and_a_later_swap(tmp_path: Path) -> None:
+
+def _roll(state: LiveState, seg: int, merged_at: str) -> None:
+    state.begin_generation(seg, hold=MERGED_AT[merged_at])
+    if merged_at == "read":
+        state.get("t", "nothing")
+
+
+@pytest.mark.parametrize("merged_at", list(MERGED_AT))
+def test_delete_survives_a_generation_merge_and_a_later_swap(
+    tmp_path: Path, merged_at: str
+) -> None:
     """A key deleted in a merged generation stays deleted when a snapshot lands below it."""
     state = LiveState()
     state.begin_generation(1)
     state.apply(1, {}, 0, [("t", ["k"], [encode_value("old")], [])])
     epoch = 1
     for seg in range(2, MAX_GENERATIONS + 10):
-        state.begin_generation(seg)
+        _roll(state, seg, merged_at)
         epoch += 1
         deletes = ["k"] if seg == 5 else []
         state.apply(epoch, {}, 0, [("t", [f"x{seg}"], [encode_value(seg)], deletes)])
     assert len(state.generations) <= MAX_GENERATIONS
+    # The delete's marker is in a generation a merge made.
+    assert any(len(g.tables["t"]) > 1 and "k" in g.tables["t"] for g in state.generations)
     assert state.get("t", "k") is None
     # A snapshot of epoch 1 (segment 1's end) still holds k.
     image = tmp_path / "img.mdb"
@@ -35,7 +52,8 @@ def test_delete_survives_a_generation_merge_and_a_later_swap(tmp_path: Path) -> 
     assert state.count("t") == len(range(2, MAX_GENERATIONS + 10))
 
 
-def test_merges_join_the_small_recent_generations_not_the_large_oldest() -> None:
+@pytest.mark.parametrize("merged_at", list(MERGED_AT))
+def test_merges_join_the_small_recent_generations_not_the_large_oldest(merged_at: str) -> None:
     """Above the limit, the adjacent pair with the fewest entries is merged: the oldest
     generation, grown large while no snapshot landed, is not rewritten by every roll."""
     state = LiveState()
@@ -43,7 +61,7 @@ def test_merges_join_the_small_recent_generations_not_the_large_oldest() -> None
     big = [f"k{i}" for i in range(1000)]
     state.apply(1, {}, 0, [("t", big, [encode_value(0)] * len(big), [])])
     for seg in range(2, 3 * MAX_GENERATIONS):
-        state.begin_generation(seg)
+        _roll(state, seg, merged_at)
         state.apply(seg, {}, 0, [("t", [f"s{seg}"], [encode_value(seg)], [])])
     oldest = state.generations[0]
     assert len(state.generations) <= MAX_GENERATIONS
@@ -64,7 +82,7 @@ def test_a_merge_of_two_sealed_generations_keeps_the_newer_entries_and_the_marke
     }
     epoch = 0
     for seg, rows in commits.items():
-        state.begin_generation(seg, limit=3)
+        state.begin_generation(seg, limit=3, hold=3)
         for keys, values, deletes in rows:
             epoch += 1
             state.apply(epoch, {}, 0, [("t", keys, values, deletes)])
@@ -101,6 +119,45 @@ def test_a_swap_hands_the_generations_it_folds_to_the_caller(tmp_path: Path) -> 
         assert not [r for r in gc.get_referrers(folded) if isinstance(r, list)]
 
 
+def _rolled(limit: int, hold: int, segments: int) -> LiveState:
+    state = LiveState()
+    for seg in range(1, segments + 1):
+        state.begin_generation(seg, limit, hold)
+        assert len(state.generations) == min(seg, hold)  # no roll below hold merges
+        state.apply(seg, {}, 0, [("t", [f"k{seg}", "same"], [encode_value(seg)] * 2, [])])
+    return state
+
+
+def test_rolls_merge_nothing_until_hold_and_merge_at_once_past_it() -> None:
+    """A writer that does not read pays no merge below ``hold``: each generation stays
+    for the next snapshot swap to drop whole; past ``hold`` the roll itself merges."""
+    state = _rolled(limit=4, hold=12, segments=20)
+    assert len(state.generations) == 12
+    assert [state.get("t", f"k{n}") for n in range(1, 21)] == [
+        encode_value(n) for n in range(1, 21)
+    ]
+
+
+def test_a_read_above_the_limit_merges_one_pair_before_it_walks() -> None:
+    """One merge per read while the overlay holds more than ``limit`` generations: a burst
+    of reads after many rolls shares the merges, and no read finds a value it should not."""
+    state = _rolled(limit=4, hold=12, segments=9)
+    counts = []
+    for n in (1, 5, 9, 1, 9, 3):
+        assert state.get("t", f"k{n}") == encode_value(n)
+        counts.append(len(state.generations))
+        assert state.get("t", "same") == encode_value(9)  # the newest value of a key in every one
+    assert counts == [8, 6, 4, 4, 4, 4]  # one merge per read until the limit, none after
+    assert state.count("t") == 10
+
+
+def test_a_standby_holds_everything_sealed_in_one_generation() -> None:
+    """``limit=2, hold=2`` (the standby's): every roll merges, reads or none."""
+    state = _rolled(limit=2, hold=2, segments=6)
+    assert len(state.generations) == 2
+    assert len(state.generations[0].tables["t"]) == 6  # k1..k5 and "same"
+
+
 # -- reads against a model, across generations, merges and swaps ----------------------
 
 import tempfile  # noqa: E402
@@ -128,9 +185,9 @@ def _order(keys: list[Key]) -> list[Key]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(ops=_ops, limit=st.integers(2, 6))
+@given(ops=_ops, limit=st.integers(2, 6), hold=st.integers(2, 8))
 def test_items_count_and_prefix_reads_match_a_model(
-    ops: list[tuple[str, str, Key, int]], limit: int
+    ops: list[tuple[str, str, Key, int]], limit: int, hold: int
 ) -> None:
     """Reads merge the newest generation, the cached sealed ones and the base like a dict,
     whichever adjacent generations a merge joined (``limit`` small: merges are frequent)
@@ -139,7 +196,7 @@ def test_items_count_and_prefix_reads_match_a_model(
     history = [{t: dict(kv) for t, kv in model.items()}]  # the model after each epoch
     ends = [0]  # epochs at which a segment ended: where a snapshot can land
     state = LiveState()
-    state.begin_generation(1, limit)
+    state.begin_generation(1, limit, hold)
     segment, epoch = 1, 0
     with tempfile.TemporaryDirectory() as tmp:
         for n, (op, table, key, value) in enumerate(ops):
@@ -154,7 +211,7 @@ def test_items_count_and_prefix_reads_match_a_model(
                 history.append({t: dict(kv) for t, kv in model.items()})
             elif op == "roll":
                 segment += 1
-                state.begin_generation(segment, limit)
+                state.begin_generation(segment, limit, hold)
                 ends.append(epoch)
             elif op == "swap":
                 # A snapshot of the state at the end of a segment ``value`` segments back
@@ -170,7 +227,7 @@ def test_items_count_and_prefix_reads_match_a_model(
                     b.finish(image)
                 state.swap_base(BaseLevel(image), at).close()
                 segment += 1
-                state.begin_generation(segment, limit)
+                state.begin_generation(segment, limit, hold)
             else:
                 want = [k for k in _order(list(model[table])) if type(k) is type(key)
                         and k.startswith(key)]  # type: ignore[arg-type]  # fmt: skip

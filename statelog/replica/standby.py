@@ -185,7 +185,7 @@ class Standby:
             decoded.append((rec, size))
         for rec, size in decoded:
             with self._view:
-                self.state.begin_generation(sequence, limit=2)
+                self.state.begin_generation(sequence, limit=2, hold=2)
                 self.state.apply_record(rec, size)
         return True
 
@@ -195,7 +195,7 @@ class Standby:
         try:
             for r in records:
                 with self._view:
-                    self.state.begin_generation(r.sequence, limit=2)
+                    self.state.begin_generation(r.sequence, limit=2, hold=2)
                     self.state.apply_record(r.record, r.size)
                 self._reading = (r.sequence, r.path.name)
         except CorruptionError:

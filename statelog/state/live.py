@@ -30,10 +30,22 @@ from statelog.errors import CorruptionError
 from statelog.format.records import DECODE_ERRORS, CommitHead, CommitRecord, Key, decode_value
 from statelog.storage.image import Base, EmptyBase
 
-__all__ = ["MAX_GENERATIONS", "EpochsOnly", "Generation", "Key", "LiveState", "read_value"]
+__all__ = [
+    "MAX_GENERATIONS",
+    "MAX_HELD_GENERATIONS",
+    "EpochsOnly",
+    "Generation",
+    "Key",
+    "LiveState",
+    "read_value",
+]
 
 MAX_GENERATIONS = 32
-"""Above this many generations (a store nobody compacts) two adjacent ones are merged."""
+"""The generations reads keep the overlay at: a read that finds more merges two adjacent
+ones first (one merge per read, so the reads after a long run of commits share them)."""
+MAX_HELD_GENERATIONS = 128
+"""The most generations the overlay holds: a roll past this merges two adjacent ones at once
+(a store nobody compacts and nobody reads)."""
 
 _MISSING = object()
 
@@ -95,15 +107,23 @@ class LiveState:
         # instead of asking every generation for the table (half the lookups of a miss).
         # Cleared whenever a generation, or a table's dict in one, comes or goes.
         self._chains: dict[str, list[dict[Key, bytes | None]]] = {}
+        self._read_limit = MAX_GENERATIONS
 
     # -- writing ----------------------------------------------------------
-    def begin_generation(self, segment: int, limit: int = MAX_GENERATIONS) -> None:
+    def begin_generation(
+        self, segment: int, limit: int = MAX_GENERATIONS, hold: int = MAX_HELD_GENERATIONS
+    ) -> None:
         """Start a new generation for records of WAL segment ``segment``.
 
-        :param limit: above this many generations two adjacent sealed ones are merged. A
-            standby, whose base no snapshot swap folds, passes 2: one generation of
-            everything sealed (each key once) and the newest.
+        :param limit: the generations reads keep the overlay at (at least 2). Above it,
+            a read merges two adjacent sealed ones before it walks, one merge per read,
+            so a writer that does not read pays no merge for generations that the next
+            snapshot swap drops whole.
+        :param hold: above this many generations (or ``limit``, if more), the roll
+            itself merges. A standby, whose base no snapshot swap folds, passes 2 for
+            both: one generation of everything sealed (each key once) and the newest.
         """
+        self._read_limit = max(2, limit)
         top = self.generations[-1]
         if top.segment == segment:
             return
@@ -112,7 +132,7 @@ class LiveState:
             return
         self.generations.append(Generation(segment, self.epoch + 1))
         self._changed()
-        while len(self.generations) > max(2, limit):
+        while len(self.generations) > max(self._read_limit, hold):
             self._merge_smallest_pair()
 
     def apply(
@@ -191,7 +211,7 @@ class LiveState:
 
         Not the two oldest: the oldest would grow towards the whole state, and each
         entry merged into it would cost a random insert into a dict of millions
-        (cache misses and a freed value each) on the commit path. The smallest pair
+        (cache misses and a freed value each) on the commit or read path. The smallest pair
         keeps merges among recent, small generations, which a base swap usually
         drops whole.
         """
@@ -220,11 +240,17 @@ class LiveState:
     # -- reading ----------------------------------------------------------
     def get(self, table: str, key: Any) -> bytes | None:
         """The encoded value of ``key``, None if absent or deleted. Holds the view lock
-        (the class docstring): it may save the list of ``table``'s dicts it walks."""
+        (the class docstring): it may save the list of ``table``'s dicts it walks, and
+        merge two generations first when there are more than a read walks."""
         chain = self._chains.get(table)
         if chain is None:
+            over = len(self.generations) > self._read_limit
+            if over:
+                self._merge_smallest_pair()  # clears every chain: the list is built after
             found = (g.tables.get(table) for g in reversed(self.generations))
-            chain = self._chains[table] = [t for t in found if t is not None]
+            chain = [t for t in found if t is not None]
+            if not over:  # kept once within the limit: until then each read merges a pair
+                self._chains[table] = chain
         for t in chain:
             v = t.get(key, _MISSING)
             if v is not _MISSING:
