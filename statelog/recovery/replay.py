@@ -46,7 +46,7 @@ from statelog.log.reader import SegmentScan, StopKind, peek_generation, scan_seg
 from statelog.log.segments import list_segments
 from statelog.recovery.damage import Progress, corruption, torn_tail
 from statelog.recovery.report import RecoveryReport
-from statelog.state.live import EpochsOnly, LiveState
+from statelog.state.live import MAX_GENERATIONS, EpochsOnly, LiveState
 from statelog.storage.fileio import FileLayer, ReadBuffer
 
 __all__ = ["LogEnd", "recover_log"]
@@ -184,7 +184,9 @@ def _replay(
         scan = scan_segment(
             path, data, store_id=store_id, prev_crc=end.chain, is_last=i == len(segments) - 1
         )
-        state.begin_generation(seq)
+        # No read comes between an open's rolls: holding a long tail's generations
+        # unmerged for the first reads would cost them, and memory, all at once.
+        state.begin_generation(seq, hold=MAX_GENERATIONS)
         kind, offset, reason = _check_and_apply(scan, seq, lsn, end, prog)
         if prog.upto is not None and state.epoch >= prog.upto:
             break  # the view's epoch: nothing after it is read

@@ -123,6 +123,8 @@ class LiveState:
             itself merges. A standby, whose base no snapshot swap folds, passes 2 for
             both: one generation of everything sealed (each key once) and the newest.
         """
+        if max(2, limit) < self._read_limit:
+            self._chains.clear()  # a list kept under the higher bound would skip the merges
         self._read_limit = max(2, limit)
         top = self.generations[-1]
         if top.segment == segment:
