@@ -157,8 +157,10 @@ def overlay_section(doc: Doc) -> list[str]:
         "(one 8 MiB segment of the sustained load holds about 60,000); a `get` of each of "
         "100,000 random keys (median of 5 rounds; *found*: the share some generation "
         "holds, the rest walk every one), a `get` of keys no generation holds (best of 3), "
-        "and the read after a roll past that many, which merges the smallest pair (median "
-        "of 3 in a row).",
+        "and the read after a roll past that many, which merges the smallest pair: two "
+        "generations of that many entries, whatever their count (median of 3 in a row). "
+        "Keys read are fresh `str` objects and every value a distinct `bytes`, as a "
+        "caller's and a commit's are.",
         table(
             "keys | generations | entries each | get, random key ns | found | "
             "get, absent key ns | merge ms",
