@@ -243,7 +243,8 @@ class LiveState:
     def get(self, table: str, key: Any) -> bytes | None:
         """The encoded value of ``key``, None if absent or deleted. Holds the view lock
         (the class docstring): it may save the list of ``table``'s dicts it walks, and
-        merge two generations first when there are more than a read walks."""
+        merges two generations first while there are more than the read bound
+        (``limit`` of :meth:`begin_generation`)."""
         chain = self._chains.get(table)
         if chain is None:
             over = len(self.generations) > self._read_limit
