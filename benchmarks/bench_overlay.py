@@ -20,7 +20,6 @@ then
 from __future__ import annotations
 
 import random
-import time
 from statistics import median
 from typing import Any
 
@@ -29,6 +28,7 @@ import pytest
 from statelog.state.live import LiveState
 
 from .conftest import SIZES
+from .probe import timed
 from .workload import Workload
 
 PROBES = 100_000
@@ -62,14 +62,8 @@ def _overlay(keys: list[str], entries: int, generations: int, rng: random.Random
 
 
 def _best_ns(calls: int, run: Any, repeats: int = 3) -> float:
-    best = min(_timed(run) for _ in range(repeats))
+    best = min(timed(run)[1] for _ in range(repeats))
     return best / calls * 1e9
-
-
-def _timed(run: Any) -> float:
-    t0 = time.perf_counter()
-    run()
-    return time.perf_counter() - t0
 
 
 def test_overlay(benchmark: Any, cell: tuple[int, int, int]) -> None:
@@ -99,7 +93,7 @@ def test_overlay(benchmark: Any, cell: tuple[int, int, int]) -> None:
     for i in range(3):
         state.begin_generation(generations + 1 + i, limit=generations, hold=generations + 1)
         _fill(state, keys, entries, rng)
-        merges.append(_timed(lambda: get(TABLE, probes[0])))  # one over: one merge
+        merges.append(timed(lambda: get(TABLE, probes[0]))[1])  # one over: one merge
     assert len(state.generations) == generations
     benchmark.extra_info.update(
         suite="overlay", keys=n_keys, entries=entries, generations=generations,

@@ -57,6 +57,7 @@ from statelog.storage.snapshots import (
 from tests.s3server import S3Server
 
 from .conftest import SIZES, Sizes, size_id
+from .probe import timed
 from .workload import Workload
 
 KINDS = ("format1", "format2", "verify")
@@ -86,13 +87,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "restore_keys" in metafunc.fixturenames:
         small = [k for k in keys if k <= RESTORE_MAX_KEYS]
         metafunc.parametrize("restore_keys", small, ids=[size_id(k) for k in small])
-
-
-def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
-    """``fn()``, its wall seconds and the CPU seconds of this process meanwhile."""
-    c0, t0 = time.process_time(), time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0, time.process_time() - c0
 
 
 def _middle_key(keys: int) -> str:
@@ -136,7 +130,7 @@ def built(
         (root / f"v{version}").mkdir()
         gc.collect()
         write = partial(write_snapshot, _FILES, root / f"v{version}", _meta(keys), image)
-        (path, meta), seconds, _ = _timed(partial(write, version=version))
+        (path, meta), seconds, _ = timed(partial(write, version=version))
         snapshots[version] = path
         info[f"snapshot_bytes_v{version}"] = path.stat().st_size
         info[f"body_bytes_v{version}"] = meta.body_bytes
@@ -177,9 +171,9 @@ def test_build(benchmark: Any, kind: str, built: Built, sizes: Sizes) -> None:
 
     def one(dest: Path) -> None:
         if kind == "verify":
-            runs.append(_timed(lambda: verify_snapshot(_FILES, snapshot, store_id=_STORE_ID)))
+            runs.append(timed(lambda: verify_snapshot(_FILES, snapshot, store_id=_STORE_ID)))
             return
-        runs.append(_timed(lambda: _extract_and_read(snapshot, dest, key)))
+        runs.append(timed(lambda: _extract_and_read(snapshot, dest, key)))
         images.append(dest.stat().st_size)  # after the clock stopped
         with BaseLevel(dest) as base:
             assert base.count(TABLE) == built.keys

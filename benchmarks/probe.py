@@ -50,7 +50,7 @@ from .strategies import (
 from .workload import DEFAULT_SEED, Checkpoint, Workload
 
 __all__ = ["ROOT", "clone_store", "dir_footprint", "io_write_bytes", "percentile", "rss"]
-__all__ += ["run_probe", "start_probe", "stop_group"]
+__all__ += ["run_probe", "start_probe", "stop_group", "timed"]
 
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP, MIN_CHECKPOINTS, PACE = 2, 3, 0.25  # untimed checkpoints; per phase; settle cadence
@@ -183,11 +183,16 @@ def _family() -> list[int]:
     return [me]
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
-    gc.collect()
+def timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+    """``fn()``, its wall seconds and the CPU seconds of this process meanwhile."""
     c0, t0 = time.process_time(), time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+    gc.collect()  # a probe times one operation: no earlier garbage collected during it
+    return timed(fn)
 
 
 def _checkpoints(workload: Workload, events: list[int]) -> Iterator[Checkpoint]:
